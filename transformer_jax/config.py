@@ -1,0 +1,143 @@
+"""``TransformerConfig``: one frozen dataclass passed to every module (defaults: paper base)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax.numpy as jnp
+
+from transformer_jax.attention import ATTENTION_IMPLS
+
+NORMS = ("post", "pre")
+POSITIONALS = ("sinusoidal", "learned")
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+    """Hyperparameters of the encoder-decoder Transformer.
+
+    Defaults are the paper's base model (Table 3, "base"): d_model 512, 8 heads of
+    d_k = d_v = 64, d_ff 2048, 6 + 6 layers, residual dropout 0.1, post-LN, sinusoidal
+    positions, one shared 37,000-token vocabulary with tied embedding and pre-softmax
+    weights (§3.4). Deviations used by later work are switches: ``norm='pre'``,
+    ``positional='learned'``, ``attention_impl='fused'``, ``dtype=bfloat16``.
+    Variants are made with ``config.replace(decode=True)``.
+    """
+
+    vocab_size: int = 37000
+    src_vocab_size: int | None = None  # None: the shared vocab_size (paper)
+    tgt_vocab_size: int | None = None
+    d_model: int = 512
+    num_heads: int = 8
+    qk_dim: int | None = None  # d_k per head; None: d_model // num_heads
+    v_dim: int | None = None  # d_v per head; None: d_model // num_heads
+    d_ff: int = 2048
+    num_encoder_layers: int = 6
+    num_decoder_layers: int = 6
+    dropout_rate: float = 0.1  # P_drop: sub-layer outputs and embeddings + positions (§5.4)
+    attention_dropout_rate: float = 0.0  # not in the paper; tensor2tensor used 0.1 later
+    max_len: int = 512
+    positional: str = "sinusoidal"
+    norm: str = "post"
+    share_embeddings: bool = True  # one source/target embedding matrix (§3.4)
+    tie_output: bool = True  # pre-softmax linear = target embedding^T (§3.4)
+    pad_id: int = 0
+    dtype: Any = jnp.float32  # compute dtype; softmax, LayerNorm stats and loss stay float32
+    param_dtype: Any = jnp.float32
+    attention_impl: str = "reference"
+    decode: bool = False  # incremental decoding over the KV cache
+    sow_attention_weights: bool = False  # store weights in the 'intermediates' collection
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "d_model", "num_heads", "d_ff", "max_len"):
+            _positive(name, getattr(self, name))
+        for name in ("num_encoder_layers", "num_decoder_layers"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {getattr(self, name)!r}")
+        for name in ("src_vocab_size", "tgt_vocab_size", "qk_dim", "v_dim"):
+            if getattr(self, name) is not None:
+                _positive(name, getattr(self, name))
+        if (self.qk_dim is None or self.v_dim is None) and self.d_model % self.num_heads:
+            raise ValueError(
+                f"d_model={self.d_model} must be divisible by num_heads={self.num_heads} "
+                "unless qk_dim and v_dim are both set"
+            )
+        for name in ("dropout_rate", "attention_dropout_rate"):
+            rate = getattr(self, name)
+            if not 0.0 <= rate < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {rate!r}")
+        _choice("norm", self.norm, NORMS)
+        _choice("positional", self.positional, POSITIONALS)
+        _choice("attention_impl", self.attention_impl, ATTENTION_IMPLS)
+        if self.attention_impl == "fused" and (
+            self.attention_dropout_rate > 0 or self.sow_attention_weights
+        ):
+            raise ValueError(
+                "attention_impl='fused' computes no explicit weights: it needs "
+                "attention_dropout_rate=0 and sow_attention_weights=False"
+            )
+        if self.share_embeddings and self.src_vocab != self.tgt_vocab:
+            raise ValueError(
+                "share_embeddings=True needs src_vocab_size == tgt_vocab_size, got "
+                f"{self.src_vocab} and {self.tgt_vocab}"
+            )
+        if not 0 <= self.pad_id < min(self.src_vocab, self.tgt_vocab):
+            raise ValueError(f"pad_id must be a token id in [0, vocab), got {self.pad_id}")
+
+    @property
+    def src_vocab(self) -> int:
+        return self.src_vocab_size or self.vocab_size
+
+    @property
+    def tgt_vocab(self) -> int:
+        return self.tgt_vocab_size or self.vocab_size
+
+    @property
+    def head_qk_dim(self) -> int:
+        """d_k."""
+        return self.qk_dim or self.d_model // self.num_heads
+
+    @property
+    def head_v_dim(self) -> int:
+        """d_v."""
+        return self.v_dim or self.d_model // self.num_heads
+
+    def replace(self, **changes: Any) -> TransformerConfig:
+        return dataclasses.replace(self, **changes)
+
+
+def _positive(name: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+
+
+def to_dtype(name: str | Any) -> Any:
+    """'float32' | 'bfloat16' | 'float16' (or a dtype) -> a jnp dtype."""
+    if not isinstance(name, str):
+        return name
+    if name not in DTYPES:
+        raise ValueError(f"dtype must be one of {tuple(DTYPES)}, got {name!r}")
+    return DTYPES[name]
+
+
+def from_config_dict(model: Any) -> TransformerConfig:
+    """Build a ``TransformerConfig`` from the ``model`` part of an ml_collections config.
+
+    Unknown keys raise ``ValueError`` naming them and the allowed fields.
+    """
+    values = dict(model.to_dict() if hasattr(model, "to_dict") else model)
+    fields = {f.name for f in dataclasses.fields(TransformerConfig)}
+    unknown = sorted(set(values) - fields)
+    if unknown:
+        raise ValueError(f"unknown model config fields {unknown}; allowed: {sorted(fields)}")
+    for key in ("dtype", "param_dtype"):
+        if key in values:
+            values[key] = to_dtype(values[key])
+    return TransformerConfig(**values)

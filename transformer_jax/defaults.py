@@ -1,0 +1,71 @@
+"""The full run configuration (model, data, train, decode) as an ml_collections ConfigDict.
+
+``configs/*.py`` start from :func:`default_config` (the paper's base model on WMT14
+en->de) and change what differs. ``config.model`` maps one-to-one onto
+:class:`transformer_jax.TransformerConfig` (see ``config.from_config_dict``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import ml_collections
+
+from transformer_jax.config import TransformerConfig
+
+
+def model_defaults() -> ml_collections.ConfigDict:
+    """TransformerConfig's defaults (paper base), dtypes as strings."""
+    values = {}
+    for field in dataclasses.fields(TransformerConfig):
+        value = field.default
+        if field.name in ("dtype", "param_dtype"):
+            value = "float32"
+        elif value is None:  # Optional[int]: overridable from the command line
+            value = ml_collections.config_dict.placeholder(int)
+        values[field.name] = value
+    return ml_collections.ConfigDict(values)
+
+
+def default_config() -> ml_collections.ConfigDict:
+    """Paper base model (§5, §6.1) on WMT14 English->German."""
+    config = ml_collections.ConfigDict()
+    config.model = model_defaults()  # model.vocab_size: the shared BPE vocabulary (§5.1)
+
+    config.data = ml_collections.ConfigDict()
+    config.data.source = "tfds"  # 'tfds' | 'text' | 'synthetic'
+    config.data.tfds_name = "wmt14_translate/de-en"
+    config.data.src_lang = "en"
+    config.data.tgt_lang = "de"
+    config.data.text_dir = ""  # for source='text': {text_dir}/{split}.{lang}[.gz]
+    config.data.train_split = "train"
+    config.data.eval_split = "validation"
+    config.data.test_split = "test"
+    config.data.tokenizer_train_sentences = 2_000_000
+    config.data.max_len = 256  # longer pairs (in tokens) are dropped and counted
+    config.data.tokens_per_batch = 25000  # source and target tokens per step (§5.1)
+    config.data.packing = False  # False: bucket by length; True: pack into segments
+    config.data.seed = 0
+
+    config.train = ml_collections.ConfigDict()
+    config.train.num_steps = 100_000  # base model: 100k steps (§5.2)
+    config.train.warmup_steps = 4000
+    config.train.learning_rate_scale = 1.0
+    config.train.adam_b1 = 0.9
+    config.train.adam_b2 = 0.98
+    config.train.adam_eps = 1e-9
+    config.train.label_smoothing = 0.1
+    config.train.grad_accum_steps = 1
+    config.train.parallel = "pmap"  # 'pmap' | 'shard_map'
+    config.train.seed = 0
+    config.train.log_every = 100
+    config.train.eval_every = 5000
+    config.train.eval_sentences = 500  # dev sentences decoded for BLEU at eval steps
+    config.train.checkpoint_every = 5000
+    config.train.keep_checkpoints = 20  # the paper averaged the last 5 (base) / 20 (big)
+
+    config.decode = ml_collections.ConfigDict()
+    config.decode.beam_size = 4  # §6.1
+    config.decode.alpha = 0.6  # length penalty
+    config.decode.max_extra_len = 50  # maximum output length = input length + 50
+    return config

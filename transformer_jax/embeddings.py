@@ -1,0 +1,101 @@
+"""Token embeddings and positional encodings (paper §3.4 and §3.5)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Array = jax.Array
+
+
+def sinusoidal_positions(length: int, d_model: int) -> Array:
+    """The paper's positional encoding, float32 ``[length, d_model]`` (§3.5).
+
+    PE(pos, 2i) = sin(pos / 10000^(2i / d_model)), PE(pos, 2i + 1) = cos(same angle):
+    sine and cosine interleaved, the fastest-varying pair in columns 0 and 1.
+    """
+    if length < 0 or d_model <= 0:
+        raise ValueError(f"need length >= 0 and d_model > 0, got {length}, {d_model}")
+    pos = np.arange(length, dtype=np.float64)[:, None]
+    two_i = np.arange(0, d_model, 2, dtype=np.float64)[None, :]
+    angle = pos / np.power(10000.0, two_i / d_model)
+    pe = np.zeros((length, d_model), dtype=np.float64)
+    pe[:, 0::2] = np.sin(angle)
+    pe[:, 1::2] = np.cos(angle[:, : d_model // 2])
+    return jnp.asarray(pe, dtype=jnp.float32)
+
+
+class Embed(nn.Module):
+    """Token embedding multiplied by sqrt(d_model) (§3.4), with ``attend`` for tied logits.
+
+    Initialised N(0, d_model^-0.5) so that the scaled embedding has unit variance. The
+    paper shares this matrix between both embedding layers and the pre-softmax linear
+    transformation; ``attend(x) = x E^T`` is that transformation.
+    """
+
+    vocab_size: int
+    d_model: int
+    dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
+
+    def setup(self) -> None:
+        self.embedding = self.param(
+            "embedding",
+            nn.initializers.normal(stddev=self.d_model**-0.5),
+            (self.vocab_size, self.d_model),
+            self.param_dtype,
+        )
+
+    def __call__(self, tokens: Array) -> Array:
+        table = jnp.asarray(self.embedding, self.dtype)
+        return jnp.take(table, tokens, axis=0) * jnp.asarray(self.d_model**0.5, self.dtype)
+
+    def attend(self, x: Array) -> Array:
+        """Logits ``x E^T`` over the vocabulary."""
+        return jnp.einsum("...d,vd->...v", x, jnp.asarray(self.embedding, self.dtype))
+
+
+class AddPositions(nn.Module):
+    """Adds sinusoidal (paper) or learned (§3.5, Table 3 row E) position encodings.
+
+    ``positions`` gives each token's index explicitly (per-segment positions of packed
+    sequences); otherwise positions are 0..length-1. With ``decode=True`` each call is
+    one step and the position is read from (and advanced in) the ``cache`` collection.
+    """
+
+    max_len: int
+    kind: str = "sinusoidal"
+    decode: bool = False
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: Array, positions: Array | None = None) -> Array:
+        length, d_model = x.shape[-2], x.shape[-1]
+        if self.kind == "sinusoidal":
+            table = sinusoidal_positions(self.max_len, d_model)
+        else:
+            table = self.param(
+                "positions",
+                nn.initializers.normal(stddev=d_model**-0.5),
+                (self.max_len, d_model),
+                self.param_dtype,
+            )
+        if self.decode:
+            initialized = self.has_variable("cache", "position")
+            index = self.variable("cache", "position", lambda: jnp.array(0, jnp.int32))
+            if initialized:
+                i = index.value
+                index.value = i + 1
+                pe = jax.lax.dynamic_slice_in_dim(table, i, 1)[None]
+                return x + pe.astype(x.dtype)
+        if positions is None:
+            if length > self.max_len:
+                raise ValueError(f"sequence length {length} exceeds max_len={self.max_len}")
+            pe = table[None, :length]
+        else:
+            pe = jnp.take(table, positions, axis=0)
+        return x + pe.astype(x.dtype)

@@ -1,0 +1,124 @@
+"""Position-wise feed-forward network and the encoder / decoder layers (paper §3.1, §3.3).
+
+Each sub-layer is wrapped as in §3.1 and §5.4:
+
+- ``norm='post'`` (paper): ``LayerNorm(x + Dropout(Sublayer(x)))``;
+- ``norm='pre'`` (Xiong et al. 2020): ``x + Dropout(Sublayer(LayerNorm(x)))``, with a
+  final LayerNorm on each stack (applied in :mod:`transformer_jax.model`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import flax.linen as nn
+import jax
+
+from transformer_jax.attention import MultiHeadAttention
+from transformer_jax.config import TransformerConfig
+
+Array = jax.Array
+
+
+def layer_norm(config: TransformerConfig, name: str | None = None) -> nn.LayerNorm:
+    """LayerNorm with float32 statistics whatever the compute dtype."""
+    return nn.LayerNorm(
+        epsilon=1e-6, dtype=config.dtype, param_dtype=config.param_dtype, name=name
+    )
+
+
+class FeedForward(nn.Module):
+    """FFN(x) = max(0, x W1 + b1) W2 + b2, d_model -> d_ff -> d_model (Eq. 2)."""
+
+    config: TransformerConfig
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        cfg = self.config
+        dense = lambda features, name: nn.Dense(  # noqa: E731
+            features,
+            dtype=cfg.dtype,
+            param_dtype=cfg.param_dtype,
+            kernel_init=nn.initializers.xavier_uniform(),
+            name=name,
+        )
+        return dense(x.shape[-1], "w2")(nn.relu(dense(cfg.d_ff, "w1")(x)))
+
+
+def attention(config: TransformerConfig, *, decode: bool = False, name: str) -> MultiHeadAttention:
+    """The multi-head attention every layer uses, sized by ``config``."""
+    return MultiHeadAttention(
+        num_heads=config.num_heads,
+        qk_dim=config.head_qk_dim,
+        v_dim=config.head_v_dim,
+        dropout_rate=config.attention_dropout_rate,
+        impl=config.attention_impl,
+        decode=decode,
+        sow_weights=config.sow_attention_weights,
+        dtype=config.dtype,
+        param_dtype=config.param_dtype,
+        name=name,
+    )
+
+
+class SubLayer(nn.Module):
+    """Residual connection, dropout and LayerNorm around one sub-layer (§3.1, §5.4)."""
+
+    config: TransformerConfig
+
+    @nn.compact
+    def __call__(self, x: Array, sublayer: Callable[[Array], Array], deterministic: bool) -> Array:
+        dropout = nn.Dropout(self.config.dropout_rate)
+        if self.config.norm == "pre":
+            return x + dropout(sublayer(layer_norm(self.config)(x)), deterministic)
+        return layer_norm(self.config)(x + dropout(sublayer(x), deterministic))
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention then feed-forward, each wrapped by :class:`SubLayer` (§3.1)."""
+
+    config: TransformerConfig
+
+    @nn.compact
+    def __call__(self, x: Array, mask: Array | None, deterministic: bool = True) -> Array:
+        cfg = self.config
+        self_attention = attention(cfg, name="self_attention")
+        x = SubLayer(cfg, name="attention_block")(
+            x, lambda h: self_attention(h, mask=mask, deterministic=deterministic), deterministic
+        )
+        return SubLayer(cfg, name="ffn_block")(x, FeedForward(cfg, name="ffn"), deterministic)
+
+
+class DecoderLayer(nn.Module):
+    """Masked self-attention, encoder-decoder attention, feed-forward (§3.1).
+
+    With ``encoded=None`` the cross-attention sub-layer is absent (a decoder-only stack).
+    With ``config.decode`` the self-attention runs over its KV cache, one position a call.
+    """
+
+    config: TransformerConfig
+
+    @nn.compact
+    def __call__(
+        self,
+        x: Array,
+        self_mask: Array | None,
+        encoded: Array | None = None,
+        cross_mask: Array | None = None,
+        deterministic: bool = True,
+    ) -> Array:
+        cfg = self.config
+        self_attention = attention(cfg, decode=cfg.decode, name="self_attention")
+        x = SubLayer(cfg, name="self_attention_block")(
+            x,
+            lambda h: self_attention(h, mask=self_mask, deterministic=deterministic),
+            deterministic,
+        )
+        if encoded is not None:
+            cross_attention = attention(cfg, name="cross_attention")
+            x = SubLayer(cfg, name="cross_attention_block")(
+                x,
+                lambda h: cross_attention(h, encoded, mask=cross_mask, deterministic=deterministic),
+                deterministic,
+            )
+        return SubLayer(cfg, name="ffn_block")(x, FeedForward(cfg, name="ffn"), deterministic)

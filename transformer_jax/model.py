@@ -1,0 +1,207 @@
+"""The encoder-decoder Transformer (paper §3, Figure 1).
+
+``Transformer(config).apply(params, src, tgt_in)`` gives next-token logits
+``[batch, tgt_len, tgt_vocab]``; ``encode`` and ``decode`` are its two halves, the
+latter also run one position at a time over the KV cache (``config.decode=True``).
+Optional ``*_segments`` / ``*_positions`` describe packed sequences (segment 0 = pad).
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from transformer_jax.attention import causal_mask, combine_masks, padding_mask, segment_mask
+from transformer_jax.config import TransformerConfig, from_config_dict
+from transformer_jax.embeddings import AddPositions, Embed
+from transformer_jax.layers import DecoderLayer, EncoderLayer, layer_norm
+
+Array = jax.Array
+
+__all__ = ["Decoder", "Encoder", "Transformer", "TransformerConfig", "from_config_dict"]
+
+
+def _embed(config: TransformerConfig, vocab_size: int, name: str) -> Embed:
+    return Embed(vocab_size, config.d_model, config.dtype, config.param_dtype, name=name)
+
+
+def _check_tokens(name: str, tokens: Array) -> None:
+    if tokens.ndim != 2:
+        raise ValueError(f"{name} must be integer token ids [batch, length], got shape {tokens.shape}")
+    if not jnp.issubdtype(tokens.dtype, jnp.integer):
+        raise ValueError(f"{name} must hold integer token ids, got dtype {tokens.dtype}")
+
+
+class Encoder(nn.Module):
+    """Embedding * sqrt(d_model) + positions, dropout, N encoder layers (§3.1)."""
+
+    config: TransformerConfig
+    embed: Embed | None = None  # shared embedding; a fresh one when None
+
+    @nn.compact
+    def __call__(
+        self,
+        src: Array,
+        segments: Array | None = None,
+        positions: Array | None = None,
+        deterministic: bool = True,
+    ) -> Array:
+        cfg = self.config
+        _check_tokens("src", src)
+        embed = self.embed or _embed(cfg, cfg.src_vocab, "embed")
+        x = AddPositions(cfg.max_len, cfg.positional, param_dtype=cfg.param_dtype, name="positions")(
+            embed(src), positions
+        )
+        x = nn.Dropout(cfg.dropout_rate)(x, deterministic)
+        mask = encoder_mask(src, cfg.pad_id, segments)
+        for i in range(cfg.num_encoder_layers):
+            x = EncoderLayer(cfg, name=f"layer_{i}")(x, mask, deterministic)
+        if cfg.norm == "pre":
+            x = layer_norm(cfg, name="final_norm")(x)
+        return x
+
+
+class Decoder(nn.Module):
+    """Masked decoder stack and output projection to logits (§3.1, §3.4).
+
+    With ``encoded=None`` it is a decoder-only language model (no cross-attention).
+    """
+
+    config: TransformerConfig
+    embed: Embed | None = None
+
+    @nn.compact
+    def __call__(
+        self,
+        tgt_in: Array,
+        encoded: Array | None = None,
+        src: Array | None = None,
+        *,
+        src_segments: Array | None = None,
+        tgt_segments: Array | None = None,
+        tgt_positions: Array | None = None,
+        deterministic: bool = True,
+    ) -> Array:
+        cfg = self.config
+        _check_tokens("tgt_in", tgt_in)
+        embed = self.embed or _embed(cfg, cfg.tgt_vocab, "embed")
+        x = AddPositions(
+            cfg.max_len,
+            cfg.positional,
+            decode=cfg.decode,
+            param_dtype=cfg.param_dtype,
+            name="positions",
+        )(embed(tgt_in), tgt_positions)
+        x = nn.Dropout(cfg.dropout_rate)(x, deterministic)
+
+        if cfg.decode:  # the cache supplies causality; one real position per call
+            self_mask = None
+        else:
+            self_mask = combine_masks(
+                causal_mask(tgt_in.shape[1]),
+                padding_mask(tgt_in, cfg.pad_id) if tgt_segments is None else None,
+                segment_mask(tgt_segments, tgt_segments) if tgt_segments is not None else None,
+            )
+        cross_mask = None
+        if encoded is not None:
+            if src is None:
+                raise ValueError("decoding against `encoded` needs `src` token ids for its mask")
+            cross_mask = cross_attention_mask(src, cfg.pad_id, src_segments, tgt_segments)
+        for i in range(cfg.num_decoder_layers):
+            x = DecoderLayer(cfg, name=f"layer_{i}")(x, self_mask, encoded, cross_mask, deterministic)
+        if cfg.norm == "pre":
+            x = layer_norm(cfg, name="final_norm")(x)
+
+        if cfg.tie_output:
+            logits = embed.attend(x)
+        else:
+            logits = nn.Dense(
+                cfg.tgt_vocab, dtype=cfg.dtype, param_dtype=cfg.param_dtype, name="logits"
+            )(x)
+        return logits.astype(jnp.float32)
+
+
+def encoder_mask(src: Array, pad_id: int, segments: Array | None = None) -> Array:
+    """Encoder self-attention mask: non-pad keys (within the same packed segment)."""
+    if segments is not None:
+        return segment_mask(segments, segments)
+    return padding_mask(src, pad_id)
+
+
+def cross_attention_mask(
+    src: Array, pad_id: int, src_segments: Array | None = None, tgt_segments: Array | None = None
+) -> Array:
+    """Decoder-to-encoder mask: non-pad source keys (of the same packed segment)."""
+    if src_segments is not None and tgt_segments is not None:
+        return segment_mask(tgt_segments, src_segments)
+    return padding_mask(src, pad_id)
+
+
+class Transformer(nn.Module):
+    """The encoder-decoder model of Figure 1.
+
+    ``share_embeddings`` uses one matrix for source and target embeddings, and
+    ``tie_output`` reuses the target embedding as the pre-softmax weights (§3.4).
+    """
+
+    config: TransformerConfig
+
+    def setup(self) -> None:
+        cfg = self.config
+        if cfg.share_embeddings:
+            shared = _embed(cfg, cfg.tgt_vocab, "shared_embed")
+            src_embed, tgt_embed = shared, shared
+        else:
+            src_embed = _embed(cfg, cfg.src_vocab, "src_embed")
+            tgt_embed = _embed(cfg, cfg.tgt_vocab, "tgt_embed")
+        self.encoder = Encoder(cfg, src_embed)
+        self.decoder = Decoder(cfg, tgt_embed)
+
+    def encode(
+        self,
+        src: Array,
+        src_segments: Array | None = None,
+        src_positions: Array | None = None,
+        deterministic: bool = True,
+    ) -> Array:
+        """Encoder output ``[batch, src_len, d_model]``."""
+        return self.encoder(src, src_segments, src_positions, deterministic)
+
+    def decode(
+        self,
+        encoded: Array,
+        src: Array,
+        tgt_in: Array,
+        src_segments: Array | None = None,
+        tgt_segments: Array | None = None,
+        tgt_positions: Array | None = None,
+        deterministic: bool = True,
+    ) -> Array:
+        """Float32 logits ``[batch, tgt_len, tgt_vocab]`` for the next target token."""
+        return self.decoder(
+            tgt_in,
+            encoded,
+            src,
+            src_segments=src_segments,
+            tgt_segments=tgt_segments,
+            tgt_positions=tgt_positions,
+            deterministic=deterministic,
+        )
+
+    def __call__(
+        self,
+        src: Array,
+        tgt_in: Array,
+        src_segments: Array | None = None,
+        tgt_segments: Array | None = None,
+        src_positions: Array | None = None,
+        tgt_positions: Array | None = None,
+        deterministic: bool = True,
+    ) -> Array:
+        if src.ndim == 2 and tgt_in.ndim == 2 and src.shape[0] != tgt_in.shape[0]:
+            raise ValueError(f"src and tgt_in batch sizes differ: {src.shape} vs {tgt_in.shape}")
+        encoded = self.encode(src, src_segments, src_positions, deterministic)
+        return self.decode(
+            encoded, src, tgt_in, src_segments, tgt_segments, tgt_positions, deterministic
+        )
