@@ -28,7 +28,9 @@ def _embed(config: TransformerConfig, vocab_size: int, name: str) -> Embed:
 
 def _check_tokens(name: str, tokens: Array) -> None:
     if tokens.ndim != 2:
-        raise ValueError(f"{name} must be integer token ids [batch, length], got shape {tokens.shape}")
+        raise ValueError(
+            f"{name} must be integer token ids [batch, length], got shape {tokens.shape}"
+        )
     if not jnp.issubdtype(tokens.dtype, jnp.integer):
         raise ValueError(f"{name} must hold integer token ids, got dtype {tokens.dtype}")
 
@@ -50,9 +52,9 @@ class Encoder(nn.Module):
         cfg = self.config
         _check_tokens("src", src)
         embed = self.embed or _embed(cfg, cfg.src_vocab, "embed")
-        x = AddPositions(cfg.max_len, cfg.positional, param_dtype=cfg.param_dtype, name="positions")(
-            embed(src), positions
-        )
+        x = AddPositions(
+            cfg.max_len, cfg.positional, param_dtype=cfg.param_dtype, name="positions"
+        )(embed(src), positions)
         x = nn.Dropout(cfg.dropout_rate)(x, deterministic)
         mask = encoder_mask(src, cfg.pad_id, segments)
         for i in range(cfg.num_encoder_layers):
@@ -109,7 +111,9 @@ class Decoder(nn.Module):
                 raise ValueError("decoding against `encoded` needs `src` token ids for its mask")
             cross_mask = cross_attention_mask(src, cfg.pad_id, src_segments, tgt_segments)
         for i in range(cfg.num_decoder_layers):
-            x = DecoderLayer(cfg, name=f"layer_{i}")(x, self_mask, encoded, cross_mask, deterministic)
+            x = DecoderLayer(cfg, name=f"layer_{i}")(
+                x, self_mask, encoded, cross_mask, deterministic
+            )
         if cfg.norm == "pre":
             x = layer_norm(cfg, name="final_norm")(x)
 
