@@ -1,0 +1,260 @@
+"""Token-budget batching: budget, coverage, over-length counts, packing, resume, pipeline."""
+
+import collections
+import os
+
+import numpy as np
+import pytest
+
+from transformer_jax.data import batching, pipeline
+from transformer_jax.data.batching import Batcher, EncodedPairs, TrainIterator, eval_batches
+from transformer_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from transformer_jax.defaults import default_config
+
+MAX_LEN = 32
+
+
+def random_pairs(n=600, seed=0, longest=40):
+    rng = np.random.default_rng(seed)
+    src = [rng.integers(4, 50, rng.integers(1, longest)).tolist() for _ in range(n)]
+    tgt = [rng.integers(4, 50, rng.integers(1, longest)).tolist() for _ in range(n)]
+    return EncodedPairs.from_lists(src, tgt)
+
+
+def unpack(batch):
+    """(source ids, target ids) of every pair in a batch, checking the layout on the way."""
+    found = []
+    for r in range(batch["src"].shape[0]):
+        if "src_segments" in batch:
+            segments = sorted(set(batch["src_segments"][r]) - {0})
+            assert segments == sorted(set(batch["tgt_segments"][r]) - {0})
+            assert segments == list(range(1, len(segments) + 1))
+            parts = [
+                (batch["src_segments"][r] == s, batch["tgt_segments"][r] == s) for s in segments
+            ]
+            for key in ("src", "tgt_in", "tgt_out"):  # padding exactly where segment is 0
+                seg = batch[key[:3] + "_segments"][r]
+                assert ((batch[key][r] == PAD_ID) == (seg == 0)).all()
+        else:
+            parts = [(batch["src"][r] != PAD_ID, batch["tgt_out"][r] != PAD_ID)]
+        for src_mask, tgt_mask in parts:
+            if not src_mask.any():
+                assert not tgt_mask.any()  # an empty row
+                continue
+            src, tgt_in, tgt_out = (
+                batch["src"][r][src_mask],
+                batch["tgt_in"][r][tgt_mask],
+                batch["tgt_out"][r][tgt_mask],
+            )
+            assert src[-1] == EOS_ID and tgt_out[-1] == EOS_ID and tgt_in[0] == BOS_ID
+            assert (tgt_in[1:] == tgt_out[:-1]).all()
+            if "src_positions" in batch:  # positions restart at 0 in every segment
+                assert (batch["src_positions"][r][src_mask] == np.arange(len(src))).all()
+                assert (batch["tgt_positions"][r][tgt_mask] == np.arange(len(tgt_in))).all()
+            found.append((tuple(src[:-1]), tuple(tgt_out[:-1])))
+    return found
+
+
+def expected(pairs, max_len=MAX_LEN):
+    all_pairs = [(tuple(pairs.source(i)), tuple(pairs.target(i))) for i in range(len(pairs))]
+    return collections.Counter(p for p in all_pairs if max(len(p[0]), len(p[1])) + 1 <= max_len)
+
+
+def test_bucket_lengths():
+    assert batching.bucket_lengths(64) == (8, 16, 24, 32, 40, 48, 56, 64)
+    assert batching.bucket_lengths(256)[-9:] == (64, 80, 96, 112, 128, 160, 192, 224, 256)
+    assert batching.bucket_lengths(100)[-1] == 100 and len(batching.bucket_lengths(1024)) < 30
+
+
+@pytest.mark.parametrize("packing", [False, True])
+def test_one_epoch_has_every_pair_once_within_budget(packing):
+    pairs = random_pairs()
+    batcher = Batcher(pairs, tokens_per_batch=512, max_len=MAX_LEN, packing=packing, num_shards=4)
+    iterator = TrainIterator(batcher, seed=1)
+    n = iterator.stats()["batches_per_epoch"]
+    seen, shapes = collections.Counter(), set()
+    for _ in range(n):
+        batch = next(iterator)
+        shapes.add(batch["src"].shape)
+        for key, value in batch.items():
+            assert value.dtype == np.int32 and value.shape == batch["src"].shape, key
+        rows, length = batch["src"].shape
+        assert rows * length <= 512 and rows % 4 == 0 and length <= MAX_LEN
+        seen.update(unpack(batch))
+    assert seen == expected(pairs)
+    assert iterator.get_state() == {"epoch": 0, "index": n}
+    assert len(shapes) <= len(batching.bucket_lengths(MAX_LEN))
+    stats = iterator.stats()
+    assert stats["dropped_too_long"] == len(pairs) - sum(expected(pairs).values()) > 0
+    assert stats["pairs"] == sum(expected(pairs).values())
+    assert 0.3 < stats["padding_efficiency"] <= 1.0
+    if packing:
+        assert shapes == {(16, MAX_LEN)}
+
+
+def test_epochs_reshuffle_deterministically():
+    pairs = random_pairs()
+    make = lambda seed: TrainIterator(Batcher(pairs, tokens_per_batch=512, max_len=MAX_LEN), seed)
+    a, b, c = make(0), make(0), make(1)
+    first = [next(a)["src"] for _ in range(a.stats()["batches_per_epoch"])]
+    assert all((x == next(b)["src"]).all() for x in first)
+    assert any(x.shape != next(c)["src"].shape or (x != next(c)["src"]).any() for x in first)
+    second = next(a)  # epoch 1 starts with a different order
+    assert a.get_state() == {"epoch": 1, "index": 1}
+    assert second["src"].shape != first[0].shape or (second["src"] != first[0]).any()
+
+
+@pytest.mark.parametrize("packing", [False, True])
+def test_resume_yields_the_same_batches(packing):
+    pairs = random_pairs(300)
+    batcher = Batcher(pairs, tokens_per_batch=256, max_len=MAX_LEN, packing=packing)
+    run = TrainIterator(batcher, seed=5)
+    per_epoch = run.stats()["batches_per_epoch"]
+    for _ in range(per_epoch - 2):
+        next(run)
+    state = run.get_state()
+    assert all(type(v) is int for v in state.values())
+    resumed = TrainIterator(
+        Batcher(pairs, tokens_per_batch=256, max_len=MAX_LEN, packing=packing), seed=5
+    )
+    resumed.set_state(state)
+    for _ in range(5):  # across the epoch boundary
+        expected_batch, batch = next(run), next(resumed)
+        assert expected_batch.keys() == batch.keys()
+        for key in batch:
+            np.testing.assert_array_equal(batch[key], expected_batch[key])
+    with pytest.raises(ValueError, match="state"):
+        resumed.set_state({"epoch": 0, "index": per_epoch + 1})
+
+
+def test_processes_split_rows_of_the_same_global_batch():
+    pairs = random_pairs(300)
+    make = lambda p: Batcher(
+        pairs, tokens_per_batch=512, max_len=MAX_LEN, num_shards=4, process_index=p, process_count=2
+    )
+    whole = Batcher(pairs, tokens_per_batch=512, max_len=MAX_LEN, num_shards=4)
+    for planned in whole.plan(whole.kept):
+        parts = [make(p).fill(planned) for p in range(2)]
+        full = whole.fill(planned)
+        np.testing.assert_array_equal(np.concatenate([p["src"] for p in parts]), full["src"])
+    with pytest.raises(ValueError, match="process_count"):
+        Batcher(pairs, tokens_per_batch=512, max_len=MAX_LEN, num_shards=3, process_count=2)
+
+
+def test_eval_batches_are_deterministic_and_complete():
+    pairs = random_pairs(400)
+    batcher = Batcher(pairs, tokens_per_batch=512, max_len=MAX_LEN, num_shards=2)
+    batches = eval_batches(batcher)
+    again = eval_batches(Batcher(pairs, tokens_per_batch=512, max_len=MAX_LEN, num_shards=2))
+    assert all((a["tgt_out"] == b["tgt_out"]).all() for a, b in zip(batches, again, strict=True))
+    seen = collections.Counter(p for b in batches for p in unpack(b))
+    assert seen == expected(pairs)
+    assert batcher.dropped_too_long == len(pairs) - sum(seen.values())
+
+
+def test_packing_pads_less_than_bucketing():
+    pairs = random_pairs(longest=12)
+    efficiency = {}
+    for packing in (False, True):
+        iterator = TrainIterator(
+            Batcher(pairs, tokens_per_batch=512, max_len=MAX_LEN, packing=packing)
+        )
+        for _ in range(iterator.stats()["batches_per_epoch"]):
+            next(iterator)
+        efficiency[packing] = iterator.stats()["padding_efficiency"]
+    assert efficiency[True] > 0.8 and efficiency[True] > efficiency[False]
+
+
+def test_padding_efficiency_value():
+    batch = {
+        "src": np.array([[5, 6, EOS_ID, 0], [7, EOS_ID, 0, 0]], np.int32),
+        "tgt_out": np.array([[8, EOS_ID, 0, 0], [0, 0, 0, 0]], np.int32),
+    }
+    assert batching.padding_efficiency(batch) == 7 / 16
+
+
+def test_budget_errors():
+    with pytest.raises(ValueError, match=r"data\.tokens_per_batch=100 .*data\.max_len=64"):
+        Batcher(random_pairs(10), tokens_per_batch=100, max_len=64, num_shards=2)
+    with pytest.raises(ValueError, match="data.max_len=2"):
+        TrainIterator(Batcher(random_pairs(10), tokens_per_batch=100, max_len=2))
+
+
+def test_packed_masks_isolate_segments():
+    from transformer_jax.model import cross_attention_mask, encoder_mask
+
+    pairs = EncodedPairs.from_lists(
+        [[5, 6, 7], [8, 9], [10, 11, 12, 13]], [[14, 15], [16, 17, 18], [19]]
+    )
+    (packed,) = eval_batches(Batcher(pairs, tokens_per_batch=16, max_len=16, packing=True))
+    src_seg, tgt_seg = packed["src_segments"], packed["tgt_segments"]
+    assert src_seg.tolist() == [[1] * 4 + [2] * 3 + [3] * 5 + [0] * 4]
+    assert tgt_seg.tolist() == [[1] * 3 + [2] * 4 + [3] * 2 + [0] * 7]
+    assert packed["src_positions"].tolist() == [[0, 1, 2, 3, 0, 1, 2, 0, 1, 2, 3, 4, 0, 0, 0, 0]]
+    same = lambda q, k: (q[0][:, None] == k[0][None, :]) & (k[0] != 0)[None, :]
+    enc = np.asarray(encoder_mask(packed["src"], PAD_ID, src_seg))[0, 0]
+    cross = np.asarray(cross_attention_mask(packed["src"], PAD_ID, src_seg, tgt_seg))[0, 0]
+    np.testing.assert_array_equal(enc, same(src_seg, src_seg))
+    np.testing.assert_array_equal(cross, same(tgt_seg, src_seg))
+
+
+@pytest.mark.slow
+def test_packed_segments_are_isolated_in_the_model():
+    """A packed row gives each pair the logits it gets alone: masks and positions are right."""
+    import jax
+
+    from transformer_jax.config import TransformerConfig
+    from transformer_jax.model import Transformer
+
+    pairs = EncodedPairs.from_lists(
+        [[5, 6, 7], [8, 9], [10, 11, 12, 13]], [[14, 15], [16, 17, 18], [19]]
+    )
+    (packed,) = eval_batches(Batcher(pairs, tokens_per_batch=16, max_len=16, packing=True))
+    cfg = TransformerConfig(
+        vocab_size=32,
+        d_model=16,
+        num_heads=2,
+        d_ff=32,
+        num_encoder_layers=1,
+        num_decoder_layers=1,
+        max_len=16,
+    )
+    model = Transformer(cfg)
+    params = model.init(jax.random.key(0), packed["src"], packed["tgt_in"])["params"]
+    keys = ("src_segments", "tgt_segments", "src_positions", "tgt_positions")
+    logits = model.apply(
+        {"params": params}, packed["src"], packed["tgt_in"], **{k: packed[k] for k in keys}
+    )
+    for s in range(1, 4):
+        src_row = packed["src"][:, packed["src_segments"][0] == s]
+        mask = packed["tgt_segments"][0] == s
+        alone = model.apply({"params": params}, src_row, packed["tgt_in"][:, mask])
+        np.testing.assert_allclose(logits[:, mask], alone, atol=1e-5)
+
+
+def test_pipeline_trains_tokenizer_once_and_caches_ids(tmp_path):
+    config = default_config().data
+    config.update(
+        source="synthetic", max_len=64, tokens_per_batch=2048, tokenizer_train_sentences=2000
+    )
+    workdir = str(tmp_path)
+    tokenizer = pipeline.get_tokenizer(config, workdir, 500)
+    assert os.path.isfile(os.path.join(workdir, "tokenizer.model"))
+    assert pipeline.get_tokenizer(config, workdir, 500).fingerprint == tokenizer.fingerprint
+    encoded = pipeline.encoded_split(config, "validation", tokenizer, workdir)
+    (cache,) = os.listdir(os.path.join(workdir, "data_cache"))
+    assert cache.startswith("validation-") and cache.endswith(".npz")
+    cached = pipeline.encoded_split(config, "validation", tokenizer, workdir)
+    np.testing.assert_array_equal(cached.tgt, encoded.tgt)
+    np.testing.assert_array_equal(cached.src_offsets, encoded.src_offsets)
+    assert len(encoded) == 1000
+    batches, counts = pipeline.eval_split_batches(config, workdir, tokenizer, num_shards=2)
+    assert counts == {"pairs": 1000, "dropped_too_long": 0}
+    decoded = {tokenizer.decode(row) for b in batches for row in b["src"] if row.any()}
+    assert len(decoded) == 1000 and "a bright castle jumped" not in decoded
+    config.update(tokens_per_batch=4096, packing=True)
+    iterator = pipeline.train_iterator(
+        config, workdir, tokenizer, num_shards=2, state={"epoch": 2, "index": 3}
+    )
+    assert iterator.get_state() == {"epoch": 2, "index": 3}
+    assert next(iterator)["src_segments"].shape == (64, 64)

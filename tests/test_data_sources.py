@@ -1,0 +1,87 @@
+"""Parallel text sources: plain/gzip text files, TFDS (mocked, no TensorFlow), synthetic."""
+
+import gzip
+import logging
+
+import pytest
+import tensorflow_datasets as tfds
+
+from transformer_jax.data.sources import load_pairs, read_parallel_text, read_tfds
+from transformer_jax.defaults import default_config
+
+
+def data_config(**changes):
+    config = default_config().data
+    config.update(changes)
+    return config
+
+
+def write(path, data: bytes, compress=False):
+    if compress:
+        data = gzip.compress(data)
+    path.write_bytes(data)
+    return str(path)
+
+
+def test_text_files_plain_and_gzip(tmp_path):
+    write(tmp_path / "train.en", b"a cat\nthe dog\n")
+    write(tmp_path / "train.de.gz", b"eine Katze\nder Hund\n", compress=True)
+    config = data_config(source="text", text_dir=str(tmp_path))
+    assert load_pairs(config, "train") == [("a cat", "eine Katze"), ("the dog", "der Hund")]
+    reverse = data_config(source="text", text_dir=str(tmp_path), src_lang="de", tgt_lang="en")
+    assert load_pairs(reverse, "train")[0] == ("eine Katze", "a cat")
+
+
+def test_empty_lines_and_bad_bytes_are_skipped_and_counted(tmp_path, caplog):
+    src = write(tmp_path / "x.en", b"one\n\n  \nfour \xff\xfe\r\nfive\x0bstill five\nsix")
+    tgt = write(tmp_path / "x.de", b"eins\nzwei\ndrei\nvier\nfuenf\n\t\n")
+    pairs, skipped = read_parallel_text(src, tgt)
+    assert pairs == [
+        ("one", "eins"),
+        ("four \ufffd\ufffd", "vier"),
+        ("five\x0bstill five", "fuenf"),
+    ]
+    assert skipped == 3
+    with caplog.at_level(logging.INFO):
+        load_pairs(data_config(source="text", text_dir=str(tmp_path)), "x")
+    assert "skipped 3" in caplog.text
+
+
+def test_text_errors(tmp_path):
+    write(tmp_path / "train.en", b"a\nb\nc\n")
+    write(tmp_path / "train.de", b"a\nb\n")
+    config = data_config(source="text", text_dir=str(tmp_path))
+    with pytest.raises(ValueError, match=r"train\.en has 3 lines.*train\.de has 2"):
+        load_pairs(config, "train")
+    with pytest.raises(ValueError, match=r"missing text file .*test\.en"):
+        load_pairs(config, "test")
+    with pytest.raises(ValueError, match="data.text_dir"):
+        load_pairs(data_config(source="text"), "train")
+
+
+def test_unknown_source():
+    with pytest.raises(
+        ValueError, match=r"data\.source must be one of \('tfds', 'text', 'synthetic'\)"
+    ):
+        load_pairs(data_config(source="csv"), "train")
+
+
+def test_synthetic_source():
+    pairs = load_pairs(data_config(source="synthetic"), "validation")
+    assert len(pairs) == 1000 and all(s and t for s, t in pairs)
+
+
+def test_tfds_by_language_key_without_tensorflow():
+    config = data_config(source="tfds", tfds_name="wmt14_translate/de-en")
+    with tfds.testing.mock_data(num_examples=6):
+        en_de = load_pairs(config, "train")
+        de_en, _ = read_tfds("wmt14_translate/de-en", "train", "de", "en")
+        with pytest.raises(ValueError, match=r"data\.tgt_lang='fr'.*\['de', 'en'\]"):
+            read_tfds("wmt14_translate/de-en", "train", "en", "fr")
+    assert len(en_de) == 6 and all(isinstance(s, str) and isinstance(t, str) for s, t in en_de)
+    assert de_en == [(t, s) for s, t in en_de]
+
+
+def test_tfds_unknown_dataset():
+    with pytest.raises(ValueError, match="data.tfds_name='no_such_dataset'"):
+        read_tfds("no_such_dataset", "train", "en", "de")

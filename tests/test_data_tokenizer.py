@@ -1,0 +1,80 @@
+"""The shared BPE tokenizer: special ids, round trips, odd input, small corpora, errors."""
+
+import os
+
+import pytest
+
+from transformer_jax.data import tokenizer as tk
+from transformer_jax.data.synthetic import synthetic_pairs
+
+CORPUS = [s for pair in synthetic_pairs("validation") for s in pair] + [
+    "Die Katze sieht den Hund.",
+    "The cat sees the dog.",
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("tok") / "tokenizer.model")
+    return tk.train_tokenizer(CORPUS, path, 600)
+
+
+def test_special_ids(tokenizer):
+    assert (tk.PAD_ID, tk.UNK_ID, tk.BOS_ID, tk.EOS_ID) == (0, 1, 2, 3)
+    sp = tokenizer._sp
+    assert [sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id()] == [0, 1, 2, 3]
+    ids = tokenizer.encode("the cat sees the dog")
+    assert ids and min(ids) > tk.EOS_ID  # encode adds no BOS/EOS
+
+
+def test_round_trip(tokenizer):
+    for text in CORPUS[:50] + ["Die Katze sieht den Hund."]:
+        assert tokenizer.decode(tokenizer.encode(text)) == text
+    assert tokenizer.decode_batch(tokenizer.encode_batch(CORPUS[:5])) == CORPUS[:5]
+
+
+def test_decode_stops_at_eos_and_skips_pad_bos_and_unknown_ids(tokenizer):
+    ids = tokenizer.encode("the cat")
+    padded = [tk.BOS_ID, *ids, tokenizer.vocab_size + 7, tk.EOS_ID, *tokenizer.encode("dog"), 0]
+    assert tokenizer.decode(padded) == "the cat"
+    assert tokenizer.decode([tk.PAD_ID, tk.PAD_ID]) == ""
+
+
+def test_unseen_characters_use_byte_fallback(tokenizer):
+    text = "snowman ☃ 漢字 éà"
+    ids = tokenizer.encode(text)
+    assert tk.UNK_ID not in ids
+    assert tokenizer.decode(ids) == text
+    for odd in ("bell \x07 here", "bad \ufffd bytes", "\u200b", ""):  # never crash
+        assert isinstance(tokenizer.decode(tokenizer.encode(odd)), str)
+
+
+def test_vocab_size_is_an_upper_bound_on_small_corpora(tmp_path):
+    small = tk.train_tokenizer(["a b c", "a b d"], str(tmp_path / "t.model"), 5000)
+    assert tk.MIN_VOCAB_SIZE <= small.vocab_size < 5000
+
+
+def test_save_load_and_determinism(tokenizer, tmp_path):
+    path = str(tmp_path / "again.model")
+    again = tk.train_tokenizer(CORPUS, path, 600)
+    assert again.model_proto == tokenizer.model_proto
+    loaded = tk.load_tokenizer(path)
+    assert loaded.fingerprint == tokenizer.fingerprint
+    assert loaded.vocab_size == tokenizer.vocab_size == 600
+
+
+def test_sampling_is_bounded_and_deterministic():
+    sample = tk.sample_sentences((str(i) for i in range(1000)), 10, seed=3)
+    assert len(sample) == 10 and len(set(sample)) == 10
+    assert sample == tk.sample_sentences((str(i) for i in range(1000)), 10, seed=3)
+    assert tk.sample_sentences(["a", "b"], 10) == ["a", "b"]
+
+
+def test_errors(tmp_path):
+    with pytest.raises(ValueError, match="no tokenizer"):
+        tk.load_tokenizer(str(tmp_path / "missing.model"))
+    with pytest.raises(ValueError, match="vocab_size"):
+        tk.train_tokenizer(CORPUS, str(tmp_path / "t.model"), 10)
+    with pytest.raises(ValueError, match="no non-empty"):
+        tk.train_tokenizer(["", "  "], str(tmp_path / "t.model"), 300)
+    assert not os.path.exists(tmp_path / "t.model")

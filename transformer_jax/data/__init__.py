@@ -1,0 +1,50 @@
+"""Data: shared BPE tokenizer, parallel-text sources, token-budget batches (paper §5.1)."""
+
+from transformer_jax.data.batching import (
+    Batcher,
+    EncodedPairs,
+    TrainIterator,
+    bucket_lengths,
+    eval_batches,
+    padding_efficiency,
+)
+from transformer_jax.data.pipeline import (
+    encoded_split,
+    eval_split_batches,
+    get_tokenizer,
+    train_iterator,
+)
+from transformer_jax.data.sources import SOURCES, load_pairs
+from transformer_jax.data.synthetic import synthetic_pairs
+from transformer_jax.data.tokenizer import (
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
+    UNK_ID,
+    Tokenizer,
+    load_tokenizer,
+    train_tokenizer,
+)
+
+__all__ = [
+    "BOS_ID",
+    "EOS_ID",
+    "PAD_ID",
+    "SOURCES",
+    "UNK_ID",
+    "Batcher",
+    "EncodedPairs",
+    "Tokenizer",
+    "TrainIterator",
+    "bucket_lengths",
+    "encoded_split",
+    "eval_batches",
+    "eval_split_batches",
+    "get_tokenizer",
+    "load_pairs",
+    "load_tokenizer",
+    "padding_efficiency",
+    "synthetic_pairs",
+    "train_iterator",
+    "train_tokenizer",
+]

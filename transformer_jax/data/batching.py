@@ -1,0 +1,305 @@
+"""Token-budget batches of sentence pairs (paper §5.1: "Sentence pairs were batched together
+by approximate sequence length. Each training batch contained a set of sentence pairs
+containing approximately 25000 source tokens and 25000 target tokens.").
+
+A batch holds at most ``tokens_per_batch`` source slots and as many target slots (padding
+included). Two layouts, both with a few fixed shapes so ``jit`` compiles few variants:
+
+* bucketing: pairs grouped by length into :func:`bucket_lengths`; a bucket of length L
+  has ``tokens_per_batch // L`` rows (rounded down to a multiple of ``num_shards``).
+* packing: several pairs per row of length ``max_len``, with ``*_segments`` (1, 2, ...;
+  0 = padding) and per-segment ``*_positions`` so attention never crosses pairs.
+
+Layout of one pair: ``src = ids(source) + [EOS]``, ``tgt_in = [BOS] + ids(target)``,
+``tgt_out = ids(target) + [EOS]``; its length is ``max(len(src), len(tgt_in))``. Pairs
+longer than ``max_len`` are dropped and counted. The order of an epoch is a function of
+``(seed, epoch)`` only, so the iterator state ``{'epoch', 'index'}`` resumes exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+from transformer_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+Batch = dict[str, np.ndarray]
+
+
+@dataclasses.dataclass(frozen=True)
+class EncodedPairs:
+    """Token ids of N pairs (no BOS/EOS), stored flat: pair i's source is
+    ``src[src_offsets[i]:src_offsets[i + 1]]``."""
+
+    src: np.ndarray
+    src_offsets: np.ndarray
+    tgt: np.ndarray
+    tgt_offsets: np.ndarray
+
+    @classmethod
+    def from_lists(cls, src: Sequence[Sequence[int]], tgt: Sequence[Sequence[int]]) -> EncodedPairs:
+        if len(src) != len(tgt):
+            raise ValueError(f"{len(src)} source but {len(tgt)} target sequences")
+
+        def flat(seqs: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+            offsets = np.zeros(len(seqs) + 1, np.int64)
+            np.cumsum([len(s) for s in seqs], out=offsets[1:])
+            tokens = np.fromiter((t for s in seqs for t in s), np.int32, count=offsets[-1])
+            return tokens, offsets
+
+        return cls(*flat(src), *flat(tgt))
+
+    def __len__(self) -> int:
+        return len(self.src_offsets) - 1
+
+    def source(self, i: int) -> np.ndarray:
+        return self.src[self.src_offsets[i] : self.src_offsets[i + 1]]
+
+    def target(self, i: int) -> np.ndarray:
+        return self.tgt[self.tgt_offsets[i] : self.tgt_offsets[i + 1]]
+
+
+def bucket_lengths(max_len: int) -> tuple[int, ...]:
+    """Steps of 8 up to 64, of 16 up to 128, 32 up to 256, ... (at most ~1/4 of a length
+    wasted by rounding up), then ``max_len`` itself."""
+    lengths = []
+    length = 8
+    while length < max_len:
+        lengths.append(length)
+        length += max(8, (1 << (length.bit_length() - 1)) // 4)
+    return (*lengths, max_len)
+
+
+def batch_rows(tokens_per_batch: int, length: int, num_shards: int) -> int:
+    """Rows of a batch of sequences of ``length``: the token budget, a multiple of shards."""
+    rows = tokens_per_batch // length // num_shards * num_shards
+    if rows == 0:
+        raise ValueError(
+            f"data.tokens_per_batch={tokens_per_batch} is too small for one sequence of "
+            f"data.max_len={length} tokens on each of {num_shards} devices: it must be "
+            f">= {length * num_shards}"
+        )
+    return rows
+
+
+def padding_efficiency(batch: Batch) -> float:
+    """Real tokens / token slots of a batch (source and target together)."""
+    src, tgt = batch["src"], batch["tgt_out"]
+    real = np.count_nonzero(src != PAD_ID) + np.count_nonzero(tgt != PAD_ID)
+    return float(real) / float(src.size + tgt.size)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Planned:
+    """One batch of the epoch plan: pair ``pairs[k]`` goes to row ``rows[k]``."""
+
+    length: int
+    num_rows: int
+    pairs: np.ndarray
+    rows: np.ndarray
+
+
+def _plan_buckets(
+    order: np.ndarray, lengths: np.ndarray, tokens_per_batch: int, max_len: int, num_shards: int
+) -> list[_Planned]:
+    """Full batches per bucket; each bucket's remainder moves up to the next bucket, so only
+    the last batch may have empty rows."""
+    buckets = bucket_lengths(max_len)
+    bucket_of = np.searchsorted(np.asarray(buckets), lengths[order])
+    planned = []
+    carry = np.zeros(0, np.int64)
+    for b, length in enumerate(buckets):
+        pool = np.concatenate([carry, order[bucket_of == b]])
+        rows = batch_rows(tokens_per_batch, length, num_shards)
+        full = len(pool) // rows * rows
+        for start in range(0, full, rows):
+            planned.append(_Planned(length, rows, pool[start : start + rows], np.arange(rows)))
+        carry = pool[full:]
+    if len(carry):
+        planned.append(_Planned(buckets[-1], rows, carry, np.arange(len(carry))))
+    return planned
+
+
+def _plan_packed(
+    order: np.ndarray,
+    src_lengths: np.ndarray,
+    tgt_lengths: np.ndarray,
+    tokens_per_batch: int,
+    max_len: int,
+    num_shards: int,
+) -> list[_Planned]:
+    """First fit: each pair goes to the first row of the open batch with room on both sides;
+    when no row has room, the batch is closed and a new one opened."""
+    rows = batch_rows(tokens_per_batch, max_len, num_shards)
+    planned = []
+    src_free = np.full(rows, max_len)
+    tgt_free = np.full(rows, max_len)
+    pairs: list[int] = []
+    assigned: list[int] = []
+    for i in order:
+        ls, lt = src_lengths[i], tgt_lengths[i]
+        fits = np.flatnonzero((src_free >= ls) & (tgt_free >= lt))
+        if len(fits) == 0:
+            planned.append(_Planned(max_len, rows, np.asarray(pairs), np.asarray(assigned)))
+            src_free[:], tgt_free[:] = max_len, max_len
+            pairs, assigned = [], []
+            fits = [0]
+        row = fits[0]
+        src_free[row] -= ls
+        tgt_free[row] -= lt
+        pairs.append(i)
+        assigned.append(row)
+    if pairs:
+        planned.append(_Planned(max_len, rows, np.asarray(pairs), np.asarray(assigned)))
+    return planned
+
+
+class Batcher:
+    """Plans and fills batches of ``pairs`` under a token budget (see module docstring).
+
+    With several processes (hosts), every process plans the same global batches and fills
+    only its own ``1 / process_count`` of the rows, so all processes step in lockstep with
+    equal shapes and every pair is seen by exactly one process.
+    """
+
+    def __init__(
+        self,
+        pairs: EncodedPairs,
+        *,
+        tokens_per_batch: int,
+        max_len: int,
+        packing: bool = False,
+        num_shards: int = 1,
+        process_index: int = 0,
+        process_count: int = 1,
+    ):
+        if num_shards % process_count:
+            raise ValueError(
+                f"num_shards={num_shards} must be a multiple of process_count={process_count}"
+            )
+        self.pairs = pairs
+        self.tokens_per_batch = tokens_per_batch
+        self.max_len = max_len
+        self.packing = packing
+        self.num_shards = num_shards
+        self.process_index = process_index
+        self.process_count = process_count
+        batch_rows(tokens_per_batch, max_len, num_shards)  # validates the budget early
+        self.src_lengths = np.diff(pairs.src_offsets) + 1
+        self.tgt_lengths = np.diff(pairs.tgt_offsets) + 1
+        lengths = np.maximum(self.src_lengths, self.tgt_lengths)
+        self.kept = np.flatnonzero(lengths <= max_len)
+        self.lengths = lengths
+        self.dropped_too_long = len(pairs) - len(self.kept)
+
+    def plan(self, order: np.ndarray) -> list[_Planned]:
+        """Batches of the pairs ``order`` (indices of kept pairs) in this order."""
+        if self.packing:
+            args = (self.src_lengths, self.tgt_lengths)
+            return _plan_packed(order, *args, self.tokens_per_batch, self.max_len, self.num_shards)
+        return _plan_buckets(
+            order, self.lengths, self.tokens_per_batch, self.max_len, self.num_shards
+        )
+
+    def fill(self, planned: _Planned) -> Batch:
+        """This process's rows of one planned batch as numpy int32 arrays."""
+        local = planned.num_rows // self.process_count
+        first = self.process_index * local
+        shape = (local, planned.length)
+        batch = {key: np.full(shape, PAD_ID, np.int32) for key in ("src", "tgt_in", "tgt_out")}
+        if self.packing:
+            for key in ("src_segments", "src_positions", "tgt_segments", "tgt_positions"):
+                batch[key] = np.zeros(shape, np.int32)
+        src_fill = np.zeros(local, np.int64)
+        tgt_fill = np.zeros(local, np.int64)
+        segment = np.zeros(local, np.int32)
+        for i, row in zip(planned.pairs, planned.rows, strict=True):
+            r = row - first
+            if not 0 <= r < local:
+                continue
+            source, target = self.pairs.source(i), self.pairs.target(i)
+            s0, t0 = src_fill[r], tgt_fill[r]
+            s1, t1 = s0 + len(source) + 1, t0 + len(target) + 1
+            batch["src"][r, s0 : s1 - 1] = source
+            batch["src"][r, s1 - 1] = EOS_ID
+            batch["tgt_in"][r, t0] = BOS_ID
+            batch["tgt_in"][r, t0 + 1 : t1] = target
+            batch["tgt_out"][r, t0 : t1 - 1] = target
+            batch["tgt_out"][r, t1 - 1] = EOS_ID
+            if self.packing:
+                segment[r] += 1
+                batch["src_segments"][r, s0:s1] = segment[r]
+                batch["src_positions"][r, s0:s1] = np.arange(s1 - s0)
+                batch["tgt_segments"][r, t0:t1] = segment[r]
+                batch["tgt_positions"][r, t0:t1] = np.arange(t1 - t0)
+            src_fill[r], tgt_fill[r] = s1, t1
+        return batch
+
+
+class TrainIterator(Iterator[Batch]):
+    """Endless training batches, reshuffled every epoch by ``(seed, epoch)``.
+
+    ``get_state()`` is ``{'epoch': int, 'index': int}`` (the next batch); an iterator given
+    that state with ``set_state`` yields exactly the batches the original would have.
+    ``stats()`` has the counts for the log: pairs kept, dropped as too long, batches per
+    epoch, and the padding efficiency of the batches yielded so far.
+    """
+
+    def __init__(self, batcher: Batcher, seed: int = 0, epoch: int = 0, index: int = 0):
+        if len(batcher.kept) == 0:
+            raise ValueError(
+                f"no training pair is at most data.max_len={batcher.max_len} tokens long"
+            )
+        self.batcher = batcher
+        self.seed = seed
+        self._plan_epoch: int | None = None
+        self._plan: list[_Planned] = []
+        self.set_state({"epoch": epoch, "index": index})
+        self._real_tokens = 0
+        self._slots = 0
+
+    def epoch_plan(self, epoch: int) -> list[_Planned]:
+        if self._plan_epoch != epoch:
+            rng = np.random.default_rng([self.seed, epoch])
+            order = rng.permutation(self.batcher.kept)
+            plan = self.batcher.plan(order)
+            self._plan = [plan[i] for i in rng.permutation(len(plan))]
+            self._plan_epoch = epoch
+        return self._plan
+
+    def get_state(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "index": self.index}
+
+    def set_state(self, state: dict[str, int]) -> None:
+        epoch, index = int(state["epoch"]), int(state["index"])
+        if epoch < 0 or not 0 <= index <= len(self.epoch_plan(epoch)):
+            raise ValueError(f"invalid data iterator state {state!r}")
+        self.epoch, self.index = epoch, index
+
+    def __next__(self) -> Batch:
+        plan = self.epoch_plan(self.epoch)
+        if self.index >= len(plan):
+            self.epoch, self.index = self.epoch + 1, 0
+            plan = self.epoch_plan(self.epoch)
+        batch = self.batcher.fill(plan[self.index])
+        self.index += 1
+        self._real_tokens += np.count_nonzero(batch["src"] != PAD_ID)
+        self._real_tokens += np.count_nonzero(batch["tgt_out"] != PAD_ID)
+        self._slots += batch["src"].size + batch["tgt_out"].size
+        return batch
+
+    def stats(self) -> dict[str, float]:
+        return {
+            "pairs": len(self.batcher.kept),
+            "dropped_too_long": self.batcher.dropped_too_long,
+            "batches_per_epoch": len(self.epoch_plan(self.epoch)),
+            "padding_efficiency": float(self._real_tokens) / max(self._slots, 1),
+        }
+
+
+def eval_batches(batcher: Batcher) -> list[Batch]:
+    """Every kept pair exactly once, shortest first, in a deterministic order."""
+    order = batcher.kept[np.argsort(batcher.lengths[batcher.kept], kind="stable")]
+    return [batcher.fill(planned) for planned in batcher.plan(order)]

@@ -1,0 +1,118 @@
+"""From a run config and a workdir to a tokenizer and batches (what ``train.py`` calls).
+
+The tokenizer is trained once on the training split and saved as
+``{workdir}/tokenizer.model``; each split's token ids are cached in
+``{workdir}/data_cache/{split}-{key}.npz``, keyed by the tokenizer and the data source, so a
+restarted run neither retrains nor re-encodes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+from typing import Any
+
+import jax
+import numpy as np
+
+from transformer_jax.data.batching import Batch, Batcher, EncodedPairs, TrainIterator, eval_batches
+from transformer_jax.data.sources import load_pairs
+from transformer_jax.data.tokenizer import Tokenizer, load_tokenizer, train_tokenizer
+
+TOKENIZER_FILE = "tokenizer.model"
+CACHE_DIR = "data_cache"
+
+
+def get_tokenizer(data_config: Any, workdir: str, vocab_size: int) -> Tokenizer:
+    """``{workdir}/tokenizer.model``, trained on both sides of the training split if absent.
+
+    At most ``data.tokenizer_train_sentences`` sentences are sampled. The vocabulary may
+    come out smaller than ``vocab_size`` on a small corpus (see ``Tokenizer.vocab_size``).
+    """
+    path = os.path.join(workdir, TOKENIZER_FILE)
+    if os.path.isfile(path):
+        return load_tokenizer(path)
+    pairs = load_pairs(data_config, data_config.train_split)
+    sentences = itertools.chain.from_iterable(pairs)
+    return train_tokenizer(
+        sentences,
+        path,
+        vocab_size,
+        max_sentences=data_config.tokenizer_train_sentences,
+        seed=data_config.seed,
+    )
+
+
+def _cache_key(data_config: Any, split: str, tokenizer: Tokenizer) -> str:
+    fields = ("source", "tfds_name", "text_dir", "src_lang", "tgt_lang")
+    origin = {name: data_config.get(name) for name in fields}
+    origin.update(split=split, tokenizer=tokenizer.fingerprint)
+    return hashlib.sha1(json.dumps(origin, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def encode_pairs(tokenizer: Tokenizer, pairs: list[tuple[str, str]]) -> EncodedPairs:
+    src = tokenizer.encode_batch([s for s, _ in pairs])
+    tgt = tokenizer.encode_batch([t for _, t in pairs])
+    return EncodedPairs.from_lists(src, tgt)
+
+
+def encoded_split(data_config: Any, split: str, tokenizer: Tokenizer, workdir: str) -> EncodedPairs:
+    """Token ids of all pairs of ``split``, from the workdir cache when present."""
+    path = os.path.join(
+        workdir, CACHE_DIR, f"{split}-{_cache_key(data_config, split, tokenizer)}.npz"
+    )
+    if os.path.isfile(path):
+        with np.load(path) as cached:
+            return EncodedPairs(**{name: cached[name] for name in cached.files})
+    encoded = encode_pairs(tokenizer, load_pairs(data_config, split))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "wb") as f:
+        np.savez(
+            f, **{k: getattr(encoded, k) for k in ("src", "src_offsets", "tgt", "tgt_offsets")}
+        )
+    os.replace(tmp, path)
+    return encoded
+
+
+def make_batcher(
+    data_config: Any, encoded: EncodedPairs, num_shards: int, packing: bool | None = None
+) -> Batcher:
+    """A :class:`Batcher` from ``config.data``; this process's share of each batch."""
+    return Batcher(
+        encoded,
+        tokens_per_batch=data_config.tokens_per_batch,
+        max_len=data_config.max_len,
+        packing=data_config.packing if packing is None else packing,
+        num_shards=num_shards,
+        process_index=jax.process_index(),
+        process_count=jax.process_count(),
+    )
+
+
+def train_iterator(
+    data_config: Any,
+    workdir: str,
+    tokenizer: Tokenizer,
+    num_shards: int,
+    state: dict[str, int] | None = None,
+) -> TrainIterator:
+    """Training batches of ``data.train_split``; ``state`` is a saved ``get_state()``."""
+    encoded = encoded_split(data_config, data_config.train_split, tokenizer, workdir)
+    iterator = TrainIterator(make_batcher(data_config, encoded, num_shards), data_config.seed)
+    if state is not None:
+        iterator.set_state(state)
+    return iterator
+
+
+def eval_split_batches(
+    data_config: Any, workdir: str, tokenizer: Tokenizer, num_shards: int, split: str | None = None
+) -> tuple[list[Batch], dict[str, int]]:
+    """Bucketed batches of every pair of ``split`` (default ``data.eval_split``) and counts."""
+    split = split or data_config.eval_split
+    encoded = encoded_split(data_config, split, tokenizer, workdir)
+    batcher = make_batcher(data_config, encoded, num_shards, packing=False)
+    counts = {"pairs": len(batcher.kept), "dropped_too_long": batcher.dropped_too_long}
+    return eval_batches(batcher), counts

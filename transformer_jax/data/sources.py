@@ -1,0 +1,133 @@
+"""Parallel text: (source sentence, target sentence) pairs from TFDS, text files or the
+embedded synthetic task, selected by ``config.data.source``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import os
+from typing import Any
+
+from transformer_jax.data.synthetic import synthetic_pairs
+
+SOURCES = ("tfds", "text", "synthetic")
+
+Pair = tuple[str, str]
+log = logging.getLogger(__name__)
+
+
+def load_pairs(data_config: Any, split: str) -> list[Pair]:
+    """All (src_text, tgt_text) pairs of ``split`` from ``data_config.source``.
+
+    Pairs with an empty side are skipped (and counted in the log). Every process loads the
+    whole split; :mod:`transformer_jax.data.batching` gives each process its own rows.
+    """
+    source = data_config.source
+    if source == "synthetic":
+        return synthetic_pairs(split)
+    if source == "text":
+        src_path = text_path(data_config.text_dir, split, data_config.src_lang)
+        tgt_path = text_path(data_config.text_dir, split, data_config.tgt_lang)
+        pairs, skipped = read_parallel_text(src_path, tgt_path)
+    elif source == "tfds":
+        pairs, skipped = read_tfds(
+            data_config.tfds_name,
+            split,
+            data_config.src_lang,
+            data_config.tgt_lang,
+            data_config.get("tfds_data_dir") or None,
+        )
+    else:
+        raise ValueError(f"data.source must be one of {SOURCES}, got {source!r}")
+    if skipped:
+        log.info("%s/%s: skipped %d pairs with an empty side", source, split, skipped)
+    return pairs
+
+
+def text_path(text_dir: str, split: str, lang: str) -> str:
+    """``{text_dir}/{split}.{lang}``, or the same with ``.gz``."""
+    if not text_dir:
+        raise ValueError("data.text_dir must be set for data.source='text'")
+    path = os.path.join(text_dir, f"{split}.{lang}")
+    for candidate in (path, path + ".gz"):
+        if os.path.isfile(candidate):
+            return candidate
+    raise ValueError(
+        f"missing text file {path!r} (or {path}.gz): check data.text_dir, the split name "
+        f"{split!r} and data.src_lang / data.tgt_lang"
+    )
+
+
+def read_lines(path: str) -> list[str]:
+    """Lines of a UTF-8 (optionally gzip) file; undecodable bytes become U+FFFD.
+
+    Lines end only at ``\\n`` (not at the other separators ``str.splitlines`` knows), so
+    line N of two parallel files stays aligned.
+    """
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rb") as f:
+        text = f.read().decode("utf-8", errors="replace")
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line.rstrip("\r") for line in lines]
+
+
+def _clean_pairs(sources: list[str], targets: list[str]) -> tuple[list[Pair], int]:
+    pairs = [(s.strip(), t.strip()) for s, t in zip(sources, targets, strict=True)]
+    kept = [(s, t) for s, t in pairs if s and t]
+    return kept, len(pairs) - len(kept)
+
+
+def read_parallel_text(src_path: str, tgt_path: str) -> tuple[list[Pair], int]:
+    """Pairs from two line-aligned files and the number of pairs skipped as empty."""
+    sources, targets = read_lines(src_path), read_lines(tgt_path)
+    if len(sources) != len(targets):
+        raise ValueError(
+            f"parallel files differ in length: {src_path} has {len(sources)} lines, "
+            f"{tgt_path} has {len(targets)}"
+        )
+    return _clean_pairs(sources, targets)
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    if hasattr(value, "item"):  # numpy scalar / 0-d array
+        return _text(value.item())
+    return str(value)
+
+
+def read_tfds(
+    name: str, split: str, src_lang: str, tgt_lang: str, data_dir: str | None = None
+) -> tuple[list[Pair], int]:
+    """Pairs of a TFDS translation dataset, read by language key (so ``wmt14_translate/de-en``
+    gives en->de as well as de->en).
+
+    Uses ``tfds.data_source`` (random access to ArrayRecord files), which needs no
+    TensorFlow; the dataset must already be prepared in ``data_dir`` in that format.
+    """
+    import tensorflow_datasets as tfds
+
+    try:  # registers the translation builders (wmt14_translate, ...) without TensorFlow
+        import tensorflow_datasets.translate  # noqa: F401
+    except ImportError:
+        pass
+    try:
+        data = tfds.data_source(name, split=split, data_dir=data_dir)
+    except tfds.core.registered.DatasetNotFoundError as e:
+        first_line = str(e).splitlines()[0]
+        raise ValueError(f"data.tfds_name={name!r} is not a TFDS dataset: {first_line}") from None
+    sources: list[str] = []
+    targets: list[str] = []
+    for i in range(len(data)):
+        record = data[i]
+        if src_lang not in record or tgt_lang not in record:
+            raise ValueError(
+                f"data.src_lang={src_lang!r} / data.tgt_lang={tgt_lang!r} must be features "
+                f"of {name}, which has {sorted(record)}"
+            )
+        sources.append(_text(record[src_lang]))
+        targets.append(_text(record[tgt_lang]))
+    return _clean_pairs(sources, targets)

@@ -1,0 +1,142 @@
+"""One shared source+target sentencepiece BPE vocabulary (paper §5.1: "byte-pair encoding,
+which has a shared source-target vocabulary of about 37000 tokens").
+
+The special ids are defined here, once: PAD 0, UNK 1, BOS 2, EOS 3. Byte fallback turns
+characters unseen in training into byte pieces, so no input text can fail to encode.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import random
+from collections.abc import Iterable, Sequence
+
+import sentencepiece as spm
+
+PAD_ID = 0
+UNK_ID = 1
+BOS_ID = 2
+EOS_ID = 3
+
+# 4 specials + 256 byte-fallback pieces (+ the characters of the corpus).
+MIN_VOCAB_SIZE = 4 + 256
+
+
+class Tokenizer:
+    """A trained sentencepiece model: text <-> ids of the shared vocabulary."""
+
+    def __init__(self, model_proto: bytes):
+        self.model_proto = model_proto
+        self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
+        self.fingerprint = hashlib.sha1(model_proto).hexdigest()[:16]
+
+    @property
+    def vocab_size(self) -> int:
+        return self._sp.get_piece_size()
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``, without BOS/EOS."""
+        return self._sp.encode(text)
+
+    def encode_batch(self, texts: Sequence[str], num_threads: int = -1) -> list[list[int]]:
+        return self._sp.encode(list(texts), num_threads=num_threads)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Text of ``ids`` up to the first EOS; PAD, BOS and ids outside the vocabulary are
+        skipped (a model may have more embedding rows than the tokenizer has pieces)."""
+        kept = []
+        for i in ids:
+            i = int(i)
+            if i == EOS_ID:
+                break
+            if i not in (PAD_ID, BOS_ID) and 0 <= i < self.vocab_size:
+                kept.append(i)
+        return self._sp.decode(kept)
+
+    def decode_batch(self, batch: Iterable[Iterable[int]]) -> list[str]:
+        return [self.decode(ids) for ids in batch]
+
+    def save(self, path: str) -> None:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        tmp = f"{path}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(self.model_proto)
+        os.replace(tmp, path)
+
+
+def sample_sentences(sentences: Iterable[str], max_sentences: int, seed: int = 0) -> list[str]:
+    """A uniform sample of at most ``max_sentences`` (reservoir sampling, deterministic)."""
+    rng = random.Random(seed)
+    sample: list[str] = []
+    for n, sentence in enumerate(sentences):
+        if n < max_sentences:
+            sample.append(sentence)
+        else:
+            j = rng.randrange(n + 1)
+            if j < max_sentences:
+                sample[j] = sentence
+    return sample
+
+
+def train_tokenizer(
+    sentences: Iterable[str],
+    path: str,
+    vocab_size: int,
+    *,
+    max_sentences: int | None = None,
+    seed: int = 0,
+) -> Tokenizer:
+    """Train a BPE model on ``sentences`` (both languages), save it to ``path``.
+
+    ``vocab_size`` is an upper bound: a corpus too small for it gives a smaller vocabulary
+    (``Tokenizer.vocab_size``) instead of failing. At most ``max_sentences`` sentences
+    (a deterministic sample) are used. Training is quiet and deterministic.
+    """
+    if not isinstance(vocab_size, int) or vocab_size < MIN_VOCAB_SIZE:
+        raise ValueError(
+            f"model.vocab_size must be an integer >= {MIN_VOCAB_SIZE} (4 special ids + 256 "
+            f"byte-fallback pieces), got {vocab_size!r}"
+        )
+    texts = [s.strip() for s in sentences]
+    if max_sentences is not None:
+        texts = sample_sentences(texts, max_sentences, seed)
+    texts = [t for t in texts if t]
+    if not texts:
+        raise ValueError("cannot train a tokenizer: no non-empty training sentences")
+    model = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(texts),
+            model_writer=model,
+            model_type="bpe",
+            vocab_size=vocab_size,
+            hard_vocab_limit=False,
+            character_coverage=1.0 if len(texts) < 100_000 else 0.9999,
+            byte_fallback=True,
+            pad_id=PAD_ID,
+            unk_id=UNK_ID,
+            bos_id=BOS_ID,
+            eos_id=EOS_ID,
+            input_sentence_size=0,
+            shuffle_input_sentence=False,
+            num_threads=1,
+            minloglevel=2,
+        )
+    except RuntimeError as e:
+        raise ValueError(f"sentencepiece could not train a vocabulary of {vocab_size}: {e}") from e
+    tokenizer = Tokenizer(model.getvalue())
+    tokenizer.save(path)
+    return tokenizer
+
+
+def load_tokenizer(path: str) -> Tokenizer:
+    """Load a model written by :func:`train_tokenizer`."""
+    if not os.path.isfile(path):
+        raise ValueError(
+            f"no tokenizer at {path!r}: train one with train_tokenizer (train.py writes "
+            "{workdir}/tokenizer.model)"
+        )
+    with open(path, "rb") as f:
+        return Tokenizer(f.read())
