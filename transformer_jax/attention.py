@@ -142,9 +142,9 @@ def _fused_attention(q: Array, k: Array, v: Array, mask: Array | None) -> Array:
     if mask is not None:
         b, q_len, h, _ = q.shape
         mask = jnp.broadcast_to(mask, (b, h, q_len, k.shape[1]))
-    out = jax.nn.dot_product_attention(
-        widen(q), widen(k), widen(v), mask=mask, scale=d_k**-0.5
-    )[..., :d_v]
+    out = jax.nn.dot_product_attention(widen(q), widen(k), widen(v), mask=mask, scale=d_k**-0.5)[
+        ..., :d_v
+    ]
     if mask is None:
         return out
     any_key = jnp.transpose(jnp.any(mask, axis=-1), (0, 2, 1))[..., None]  # [b, q, h, 1]
@@ -153,9 +153,11 @@ def _fused_attention(q: Array, k: Array, v: Array, mask: Array | None) -> Array:
 
 # ------------------------------------------------------------- multi-head attention
 class MultiHeadAttention(nn.Module):
-    """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
+    """MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O (paper §3.2.2).
 
-    Paper §3.2.2. ``qk_dim`` (d_k) and ``v_dim`` (d_v) are per head and may differ from
+    head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
+
+    ``qk_dim`` (d_k) and ``v_dim`` (d_v) are per head and may differ from
     each other and from ``d_model / num_heads`` (Table 3, rows A and B).
 
     With ``decode=True`` it is the incremental decoder's self-attention: each call takes

@@ -22,9 +22,7 @@ Array = jax.Array
 
 def layer_norm(config: TransformerConfig, name: str | None = None) -> nn.LayerNorm:
     """LayerNorm with float32 statistics whatever the compute dtype."""
-    return nn.LayerNorm(
-        epsilon=1e-6, dtype=config.dtype, param_dtype=config.param_dtype, name=name
-    )
+    return nn.LayerNorm(epsilon=1e-6, dtype=config.dtype, param_dtype=config.param_dtype, name=name)
 
 
 class FeedForward(nn.Module):
