@@ -1,0 +1,67 @@
+"""introspection.attention_maps: shapes and the properties of softmax attention weights."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformer_jax import Transformer, TransformerConfig
+from transformer_jax.introspection import attention_maps
+
+CFG = TransformerConfig(
+    vocab_size=13,
+    d_model=16,
+    num_heads=4,
+    d_ff=32,
+    num_encoder_layers=2,
+    num_decoder_layers=3,
+    max_len=16,
+)
+# Row 0 has one padding token at the end of each side; row 1 has none.
+SRC = jnp.array([[5, 6, 7, 8, 3, 0], [4, 5, 6, 7, 8, 3]], jnp.int32)
+TGT = jnp.array([[2, 9, 10, 11, 0], [2, 9, 10, 11, 12]], jnp.int32)
+
+
+@pytest.fixture(scope="module")
+def params():
+    return jax.jit(Transformer(CFG).init)(jax.random.key(0), SRC, TGT)["params"]
+
+
+@pytest.fixture(scope="module")
+def maps(params):
+    return attention_maps(CFG, params, SRC, TGT)
+
+
+def test_shapes_per_layer_and_head(maps):
+    assert [len(maps[k]) for k in ("encoder", "decoder_self", "cross")] == [2, 3, 3]
+    assert all(m.shape == (2, 4, 6, 6) for m in maps["encoder"])
+    assert all(m.shape == (2, 4, 5, 5) for m in maps["decoder_self"])
+    assert all(m.shape == (2, 4, 5, 6) for m in maps["cross"])
+    assert all(isinstance(m, np.ndarray) and m.dtype == np.float32 for m in maps["cross"])
+
+
+def test_rows_sum_to_one(maps):
+    for kind in ("encoder", "decoder_self", "cross"):
+        for m in maps[kind]:
+            np.testing.assert_allclose(m.sum(-1), 1.0, atol=1e-5)
+
+
+def test_decoder_self_attention_is_zero_in_the_future(maps):
+    future = np.triu(np.ones((5, 5), bool), k=1)
+    for m in maps["decoder_self"]:
+        assert np.all(m[..., future] == 0.0)
+        assert np.all(m[1][..., ~future] > 0.0)  # unpadded row: the past is all visible
+
+
+def test_padding_keys_get_zero_weight(maps):
+    for m in maps["encoder"] + maps["cross"]:
+        assert np.all(m[0, ..., 5] == 0.0)  # source pad
+        assert np.all(m[1, ..., 5] > 0.0)
+    for m in maps["decoder_self"]:
+        assert np.all(m[0, ..., 4] == 0.0)  # target pad
+
+
+def test_accepts_variables_and_a_fused_config(params, maps):
+    fused = attention_maps(CFG.replace(attention_impl="fused"), {"params": params}, SRC, TGT)
+    for a, b in zip(fused["cross"], maps["cross"], strict=True):
+        np.testing.assert_array_equal(a, b)
