@@ -154,6 +154,9 @@ def test_bad_inputs_raise_value_error():
         scaled_dot_product_attention(q[0], k[0], v[0])
     with pytest.raises(ValueError, match="fused"):
         scaled_dot_product_attention(q, k, v, impl="fused", return_weights=True)
+    if jax.default_backend() != "gpu":
+        with pytest.raises(ValueError, match="impl='cudnn' needs a GPU backend"):
+            scaled_dot_product_attention(q, k, v, impl="cudnn")
 
 
 def test_self_attention_without_positions_is_permutation_equivariant():

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 Array = jax.Array
 
-ATTENTION_IMPLS = ("reference", "fused")
+ATTENTION_IMPLS = ("reference", "fused", "cudnn")
 
 
 # --------------------------------------------------------------------------- masks
@@ -88,8 +88,10 @@ def scaled_dot_product_attention(
         v: ``[batch, kv_len, heads, d_v]``.
       mask: boolean, ``True`` = may attend, broadcastable to
         ``[batch, heads, q_len, kv_len]``.
-      impl: ``"reference"`` (explicit weights, the paper's equation) or ``"fused"``
-        (:func:`jax.nn.dot_product_attention`: XLA on CPU, cuDNN flash attention on GPU).
+      impl: ``"reference"`` (explicit weights, the paper's equation), ``"fused"``
+        (:func:`jax.nn.dot_product_attention`, XLA's implementation) or ``"cudnn"`` (the
+        same with ``implementation="cudnn"``: cuDNN flash attention; GPU and
+        float16/bfloat16 inputs only).
       dropout_rate: dropout on the attention weights (reference only).
       return_weights: also return the float32 weights (reference only).
 
@@ -110,13 +112,20 @@ def scaled_dot_product_attention(
             f"{k.shape}, {v.shape}"
         )
     use_dropout = dropout_rate > 0.0 and not deterministic
-    if impl == "fused":
+    if impl != "reference":
         if use_dropout or return_weights:
             raise ValueError(
-                "attention_impl='fused' supports neither attention dropout nor returning "
+                f"impl={impl!r} supports neither attention dropout nor returning "
                 "weights; use impl='reference'"
             )
-        return _fused_attention(q, k, v, mask)
+        if impl == "cudnn" and (
+            jax.default_backend() != "gpu" or q.dtype not in (jnp.float16, jnp.bfloat16)
+        ):
+            raise ValueError(
+                "impl='cudnn' needs a GPU backend and float16/bfloat16 inputs; got backend "
+                f"{jax.default_backend()!r} and dtype {q.dtype} (use impl='fused' elsewhere)"
+            )
+        return _fused_attention(q, k, v, mask, "cudnn" if impl == "cudnn" else None)
 
     weights = attention_weights(q, k, mask)
     if use_dropout:
@@ -130,7 +139,9 @@ def scaled_dot_product_attention(
     return (out, weights) if return_weights else out
 
 
-def _fused_attention(q: Array, k: Array, v: Array, mask: Array | None) -> Array:
+def _fused_attention(
+    q: Array, k: Array, v: Array, mask: Array | None, implementation: str | None
+) -> Array:
     """:func:`jax.nn.dot_product_attention`, with fully-masked query rows set to zero.
 
     It needs d_k == d_v, so the narrower of (q, k) and v is zero-padded: exact, since
@@ -142,9 +153,9 @@ def _fused_attention(q: Array, k: Array, v: Array, mask: Array | None) -> Array:
     if mask is not None:
         b, q_len, h, _ = q.shape
         mask = jnp.broadcast_to(mask, (b, h, q_len, k.shape[1]))
-    out = jax.nn.dot_product_attention(widen(q), widen(k), widen(v), mask=mask, scale=d_k**-0.5)[
-        ..., :d_v
-    ]
+    out = jax.nn.dot_product_attention(
+        widen(q), widen(k), widen(v), mask=mask, scale=d_k**-0.5, implementation=implementation
+    )[..., :d_v]
     if mask is None:
         return out
     any_key = jnp.transpose(jnp.any(mask, axis=-1), (0, 2, 1))[..., None]  # [b, q, h, 1]
