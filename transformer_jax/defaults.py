@@ -38,6 +38,7 @@ def default_config() -> ml_collections.ConfigDict:
     config.data.src_lang = "en"
     config.data.tgt_lang = "de"
     config.data.text_dir = ""  # for source='text': {text_dir}/{split}.{lang}[.gz]
+    config.data.tfds_data_dir = ""  # for source='tfds': prepared data ('' = TFDS default)
     config.data.train_split = "train"
     config.data.eval_split = "validation"
     config.data.test_split = "test"
@@ -63,6 +64,9 @@ def default_config() -> ml_collections.ConfigDict:
     config.train.eval_sentences = 500  # dev sentences decoded for BLEU at eval steps
     config.train.checkpoint_every = 5000
     config.train.keep_checkpoints = 20  # the paper averaged the last 5 (base) / 20 (big)
+    config.train.final_test = True  # loss and BLEU on data.test_split after training
+    config.train.test_sentences = 0  # test pairs translated for BLEU at the end (0: all)
+    config.train.samples = 5  # test translations printed at the end of training
 
     config.decode = ml_collections.ConfigDict()
     config.decode.beam_size = 4  # §6.1

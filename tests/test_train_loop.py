@@ -1,0 +1,266 @@
+"""The training loop end to end on the embedded data with a micro model: training, logs,
+evaluation, exact resume after SIGKILL, SIGTERM, NaN stop, bad configs, TFDS (mocked)."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from transformer_jax.data import pipeline
+from transformer_jax.training import checkpoints
+from transformer_jax.training.logs import read_metrics
+from transformer_jax.training.loop import train_and_evaluate
+from transformer_jax.training.validation import validate_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+MICRO = """
+import os, sys
+sys.path.insert(0, {root!r})
+from configs.tiny import get_config as tiny
+
+
+def get_config():
+    config = tiny()
+    config.model.update(vocab_size=300, d_model=32, num_heads=2, d_ff=64,
+                        num_encoder_layers=1, num_decoder_layers=1)
+    config.data.update(tokens_per_batch=256, tokenizer_train_sentences=2000)
+    config.train.update(num_steps={steps}, warmup_steps=10, log_every=1, checkpoint_every={every},
+                        eval_sentences=0, final_test=False, keep_checkpoints=50)
+    return config
+"""
+
+
+def micro_config(tmp_path, steps=8, every=4):
+    path = tmp_path / f"micro_{steps}_{every}.py"
+    path.write_text(MICRO.format(root=ROOT, steps=steps, every=every))
+    sys.path.insert(0, ROOT)
+    from configs.tiny import get_config  # noqa: F401  (the micro config imports it)
+
+    namespace = {}
+    exec(path.read_text(), namespace)
+    return namespace["get_config"](), str(path)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compilation_cache(tmp_path_factory):
+    """One persistent XLA cache for this module's runs, in-process and in subprocesses:
+    the same micro model compiles once instead of once per run."""
+    path = str(tmp_path_factory.mktemp("xla_cache"))
+    previous = (
+        jax.config.jax_compilation_cache_dir,
+        jax.config.jax_persistent_cache_min_compile_time_secs,
+    )
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = path
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    yield
+    del (
+        os.environ["JAX_COMPILATION_CACHE_DIR"],
+        os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"],
+    )
+    jax.config.update("jax_compilation_cache_dir", previous[0])
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", previous[1])
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    """A workdir holding the micro run's tokenizer and encoded splits, copied into others."""
+    tmp = tmp_path_factory.mktemp("prepared")
+    config, _ = micro_config(tmp)
+    tokenizer = pipeline.get_tokenizer(config.data, str(tmp), config.model.vocab_size)
+    for split in ("train", "validation", "test"):
+        pipeline.encoded_split(config.data, split, tokenizer, str(tmp))
+    return tmp
+
+
+def workdir_from(prepared, path):
+    os.makedirs(path, exist_ok=True)
+    shutil.copy(prepared / "tokenizer.model", path)
+    shutil.copytree(prepared / "data_cache", os.path.join(path, "data_cache"))
+    return str(path)
+
+
+def losses(workdir):
+    return {r["step"]: (r["loss"], r["accuracy"]) for r in read_metrics(workdir) if "loss" in r}
+
+
+def run_train(config_path, workdir, wait=True):
+    env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+    cmd = [
+        sys.executable,
+        os.path.join(ROOT, "train.py"),
+        f"--config={config_path}",
+        f"--workdir={workdir}",
+    ]
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    if wait:
+        out, _ = proc.communicate(timeout=300)
+        return proc.returncode, out
+    return proc
+
+
+def wait_for(predicate, proc, timeout=120):
+    end = time.time() + timeout
+    while not predicate():
+        assert proc.poll() is None, proc.stdout.read()
+        assert time.time() < end, "timed out"
+        time.sleep(0.05)
+
+
+def test_train_end_to_end_then_resume_says_complete(prepared, tmp_path, capsys):
+    config, _ = micro_config(tmp_path, steps=6, every=3)
+    config.train.update(final_test=True, test_sentences=4, eval_sentences=4, samples=2)
+    config.decode.beam_size = 1  # greedy: compiles faster; beam search has its own tests
+    workdir = workdir_from(prepared, tmp_path / "run")
+    result = train_and_evaluate(config, workdir)
+    out = capsys.readouterr().out
+    assert result["complete"] and result["step"] == 6
+    assert "test (4 sentences)" in out and "bleu" in out and "translation:" in out
+    assert np.isfinite(result["test_bleu"]) and np.isfinite(result["eval_perplexity"])
+    records = read_metrics(workdir)
+    assert [r["step"] for r in records if "learning_rate" in r] == list(range(1, 7))
+    first = records[0]
+    for key in (
+        "loss",
+        "accuracy",
+        "learning_rate",
+        "tokens_per_sec",
+        "padding_efficiency",
+        "dropped_too_long",
+    ):
+        assert key in first
+    assert "test_bleu" in records[-1] and "eval_loss" in records[-1]
+    assert os.listdir(os.path.join(workdir, "tensorboard"))
+    assert json.load(open(os.path.join(workdir, "config.json")))["train"]["num_steps"] == 6
+    assert checkpoints.list_steps(workdir) == [3, 6]
+    run_config, params, step = checkpoints.load_run(workdir)
+    assert step == 6 and run_config.model.d_model == 32 and "shared_embed" in params
+    assert checkpoints.load_run(workdir, 3)[2] == 3
+    with pytest.raises(ValueError, match="available steps"):
+        checkpoints.load_run(workdir, 5)
+    again = train_and_evaluate(config, workdir)
+    assert again == {"step": 6, "complete": True}
+    assert "is complete" in capsys.readouterr().out
+
+
+def test_sigkill_then_resume_matches_an_uninterrupted_run_and_sigterm_saves(prepared, tmp_path):
+    steps = 120
+    config, config_path = micro_config(tmp_path, steps=steps, every=10)
+    reference = workdir_from(prepared, tmp_path / "reference")
+    train_and_evaluate(config, reference)
+
+    workdir = workdir_from(prepared, tmp_path / "interrupted")
+    ckpt = os.path.join(workdir, "checkpoints")
+    proc = run_train(config_path, workdir, wait=False)
+    wait_for(lambda: os.path.isdir(os.path.join(ckpt, "20")), proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    killed_at = max(losses(workdir))
+    assert killed_at < steps, "the run finished before it was killed"
+
+    proc = run_train(config_path, workdir, wait=False)  # resumes, then gets SIGTERM
+    wait_for(lambda: max(losses(workdir), default=0) > killed_at + 2, proc)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    assert "resuming from the checkpoint at step" in out and "SIGTERM" in out
+    stopped_at = int(out.split("SIGTERM: saved the checkpoint at step ")[1].split(";")[0])
+    assert stopped_at < steps and stopped_at in checkpoints.list_steps(workdir)
+
+    code, out = run_train(config_path, workdir)
+    assert code == 0, out
+    assert f"resuming from the checkpoint at step {stopped_at}" in out
+    assert losses(workdir) == losses(reference)  # exact: same batches, same dropout keys
+
+
+def test_corrupt_latest_checkpoint_falls_back_to_the_previous(prepared, tmp_path, capsys):
+    config, _ = micro_config(tmp_path, steps=4, every=2)
+    workdir = workdir_from(prepared, tmp_path / "run")
+    train_and_evaluate(config, workdir)
+    latest = os.path.join(workdir, "checkpoints", "4", "params")
+    for name in os.listdir(latest):  # damage the latest checkpoint's parameters
+        path = os.path.join(latest, name)
+        shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+    config.train.num_steps = 5
+    train_and_evaluate(config, workdir)
+    out = capsys.readouterr().out
+    assert "checkpoint 4 is unreadable" in out and "resuming from the checkpoint at step 2" in out
+
+
+def test_nan_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(prepared, tmp_path):
+    config, _ = micro_config(tmp_path, steps=8, every=1)
+    config.train.learning_rate_scale = 1e30  # the first update blows the weights up
+    workdir = workdir_from(prepared, tmp_path / "run")
+    with pytest.raises(FloatingPointError, match=r"loss is (nan|inf) at step (\d)") as info:
+        train_and_evaluate(config, workdir)
+    bad_step = int(info.value.args[0].split(" at step ")[1].split(";")[0])
+    assert checkpoints.list_steps(workdir) == list(range(1, bad_step))
+    assert f"last good checkpoint is step {bad_step - 1}" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("train.num_steps", -5, "train.num_steps must be an integer >= 1"),
+        ("train.parallel", "gpus", "train.parallel must be one of"),
+        ("train.label_smoothing", 1.5, "train.label_smoothing"),
+        ("data.source", "csv", "data.source must be one of"),
+        ("data.text_dir", "", "data.text_dir must be set"),
+        ("data.max_len", 100, "data.max_len=100 must be <= model.max_len"),
+        ("model.d_model", 31, "d_model=31 must be divisible by num_heads"),
+    ],
+)
+def test_bad_config_values_name_the_field(tmp_path, field, value, message):
+    config, _ = micro_config(tmp_path)
+    if field == "data.text_dir":
+        config.data.source = "text"
+    section, name = field.split(".")
+    config[section][name] = value
+    with pytest.raises(ValueError, match=message):
+        validate_config(config)
+
+
+def test_train_py_prints_bad_config_without_traceback(tmp_path):
+    _, config_path = micro_config(tmp_path)
+    env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "train.py"),
+            f"--config={config_path}",
+            f"--workdir={tmp_path / 'run'}",
+            "--config.train.parallel=tpu",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode != 0
+    assert "train.parallel must be one of" in proc.stderr and "Traceback" not in proc.stderr
+    assert not os.path.exists(tmp_path / "run")
+
+
+def test_tfds_source_end_to_end_with_mock_data(tmp_path):
+    tfds = pytest.importorskip("tensorflow_datasets")
+    config, _ = micro_config(tmp_path, steps=2, every=2)
+    config.data.update(
+        source="tfds", tfds_name="wmt14_translate/de-en", max_len=64, tokenizer_train_sentences=200
+    )
+    config.train.update(final_test=True, test_sentences=2, samples=1)
+    config.decode.update(beam_size=1)
+    with tfds.testing.mock_data(num_examples=20):
+        result = train_and_evaluate(config, str(tmp_path / "run"))
+    assert result["complete"] and np.isfinite(result["eval_loss"])
+    assert np.isfinite(result["test_bleu"])

@@ -1,0 +1,88 @@
+"""The paper's learning-rate schedule (§5.3) and label-smoothed loss (§5.4), by hand."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from transformer_jax.training.loss import loss_and_metrics, smoothed_cross_entropy, summarize
+from transformer_jax.training.optimizer import transformer_optimizer, transformer_schedule
+
+
+def paper_lr(step, d_model=512, warmup=4000, scale=1.0):
+    return scale * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
+
+
+@pytest.mark.parametrize("step", [1, 2, 100, 3999, 4000, 4001, 10_000, 100_000])
+def test_schedule_matches_equation_3(step):
+    schedule = transformer_schedule(512, 4000)
+    # optax passes the number of updates already applied: count = step - 1
+    np.testing.assert_allclose(float(schedule(step - 1)), paper_lr(step), rtol=1e-6)
+
+
+def test_schedule_peaks_at_warmup_and_scales():
+    schedule = transformer_schedule(512, 4000, scale=2.0)
+    values = np.array([float(schedule(s - 1)) for s in (3999, 4000, 4001)])
+    assert values.argmax() == 1
+    np.testing.assert_allclose(values[1], 2.0 * 512**-0.5 * 4000**-0.5, rtol=1e-6)
+
+
+def test_schedule_rejects_bad_values():
+    with pytest.raises(ValueError, match="train.warmup_steps"):
+        transformer_schedule(512, 0)
+    with pytest.raises(ValueError, match="train.learning_rate_scale"):
+        transformer_schedule(512, 10, scale=-1.0)
+
+
+def test_optimizer_is_adam_with_the_papers_betas():
+    schedule = transformer_schedule(16, 10)
+    params = {"w": jnp.array([1.0, -2.0, 3.0])}
+    grads = {"w": jnp.array([0.5, 0.1, -0.3])}
+    ours = transformer_optimizer(schedule)
+    ref = optax.adam(float(schedule(0)), b1=0.9, b2=0.98, eps=1e-9)
+    u1, _ = ours.update(grads, ours.init(params), params)
+    u2, _ = ref.update(grads, ref.init(params), params)
+    np.testing.assert_allclose(u1["w"], u2["w"], rtol=1e-6)
+
+
+def test_smoothed_loss_by_hand():
+    # V = 4, eps = 0.1: the target gets 0.9, each other token 0.1 / 3 (tensor2tensor).
+    logits = jnp.array([[[2.0, 0.0, -1.0, 0.5]]])
+    targets = jnp.array([[0]])
+    log_p = np.log(np.exp([2.0, 0.0, -1.0, 0.5]) / np.exp([2.0, 0.0, -1.0, 0.5]).sum())
+    q = np.array([0.9, 0.1 / 3, 0.1 / 3, 0.1 / 3])
+    expected = -(q * log_p).sum() + (q * np.log(q)).sum()  # KL(q || p)
+    got = smoothed_cross_entropy(logits, targets, 0.1)
+    np.testing.assert_allclose(float(got[0, 0]), expected, rtol=1e-6)
+    # no smoothing: plain negative log-likelihood
+    np.testing.assert_allclose(
+        float(smoothed_cross_entropy(logits, targets, 0.0)[0, 0]), -log_p[0], rtol=1e-6
+    )
+
+
+def test_loss_ignores_pad_positions_and_sums():
+    logits = jax.random.normal(jax.random.PRNGKey(0), (2, 3, 5))
+    targets = jnp.array([[1, 2, 0], [3, 0, 0]])  # 3 real tokens, pad id 0
+    loss, m = loss_and_metrics(logits, targets, pad_id=0, label_smoothing=0.1)
+    per_token = smoothed_cross_entropy(logits, targets, 0.1)
+    expected = per_token[0, 0] + per_token[0, 1] + per_token[1, 0]
+    np.testing.assert_allclose(float(loss), float(expected), rtol=1e-6)
+    assert float(m["tokens"]) == 3.0
+    predicted = np.asarray(logits.argmax(-1))
+    correct = sum(predicted[i, j] == targets[i, j] for i, j in [(0, 0), (0, 1), (1, 0)])
+    assert float(m["correct"]) == correct
+    # changing logits at pad positions changes nothing
+    loss2, _ = loss_and_metrics(logits.at[1, 2].set(100.0), targets, 0, 0.1)
+    assert float(loss2) == float(loss)
+    s = summarize({k: float(v) for k, v in m.items()})
+    np.testing.assert_allclose(s["perplexity"], math.exp(float(m["nll"]) / 3), rtol=1e-5)
+    assert s["accuracy"] == correct / 3
+
+
+def test_loss_is_float32_for_bfloat16_logits():
+    logits = jnp.ones((1, 2, 7), jnp.bfloat16)
+    loss, _ = loss_and_metrics(logits, jnp.array([[1, 2]]), 0, 0.1)
+    assert loss.dtype == jnp.float32

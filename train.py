@@ -1,0 +1,44 @@
+"""Train a Transformer: ``python train.py`` trains configs/tiny.py on the embedded data.
+
+    python train.py --config configs/base.py --workdir runs/base
+    python train.py --config configs/tiny.py --config.train.num_steps=500
+
+Any config field can be overridden with ``--config.<section>.<field>=value``; the
+workdir defaults to ``runs/<config file name>``. Rerunning resumes from the last
+checkpoint. ``--multihost`` (or a coordinator / SLURM environment) initialises
+``jax.distributed`` so that each process trains on its own share of every batch.
+"""
+
+import os
+import sys
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from transformer_jax.training.loop import train_and_evaluate
+from transformer_jax.training.parallel import maybe_initialize_distributed
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", os.path.join(_HERE, "configs", "tiny.py"), "Run configuration file."
+)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Output directory (default runs/<config name>).")
+_MULTIHOST = flags.DEFINE_bool("multihost", False, "Call jax.distributed.initialize().")
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    name = os.path.splitext(os.path.basename(flags.FLAGS["config"].config_filename))[0]
+    workdir = _WORKDIR.value or os.path.join("runs", name)
+    logging.set_verbosity(logging.WARNING)  # Orbax logs every file it writes at INFO
+    try:
+        maybe_initialize_distributed(_MULTIHOST.value)
+        train_and_evaluate(_CONFIG.value, workdir)
+    except (ValueError, FloatingPointError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    app.run(main)

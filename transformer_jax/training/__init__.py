@@ -1,0 +1,1 @@
+"""Training: optimizer and schedule, loss, train/eval steps, data parallelism, checkpoints, loop."""

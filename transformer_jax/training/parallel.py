@@ -1,0 +1,194 @@
+"""Data parallelism over all local devices: ``jax.pmap`` or ``jax.jit`` over ``jax.shard_map``.
+
+Both wrap the same per-device functions of ``steps`` with the device axis ``'batch'``:
+each device computes gradients on its slice of the global batch, gradients and metric
+sums are summed with ``lax.psum`` and divided by the global token count, so any number
+of devices performs the same update. The train state is replicated and donated.
+Gradient-accumulation buffers stay per device (leading device axis) until the update.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from transformer_jax.training import steps
+from transformer_jax.training.steps import TrainState
+
+PARALLEL_KINDS = ("pmap", "shard_map")
+AXIS = "batch"
+
+
+def check_kind(kind: str) -> None:
+    if kind not in PARALLEL_KINDS:
+        raise ValueError(f"train.parallel must be one of {PARALLEL_KINDS}, got {kind!r}")
+
+
+def shard_batch(batch: dict[str, np.ndarray], num_shards: int, pad_id: int = 0) -> dict:
+    """Pad the batch with empty rows to a multiple of ``num_shards`` and split it.
+
+    Returns arrays ``[num_shards, B / num_shards, ...]``. Empty rows (pad tokens,
+    segment 0) carry no loss weight, so the padded batch gives the same update.
+    """
+    rows = next(iter(batch.values())).shape[0]
+    extra = -rows % num_shards
+    out = {}
+    for key, value in batch.items():
+        value = np.asarray(value)
+        if extra:
+            fill = pad_id if key in ("src", "tgt_in", "tgt_out") else 0
+            value = np.concatenate([value, np.full((extra,) + value.shape[1:], fill, value.dtype)])
+        out[key] = value.reshape((num_shards, -1) + value.shape[1:])
+    return out
+
+
+class DataParallel:
+    """The train/eval steps of ``steps`` compiled for data parallelism.
+
+    ``kind='pmap'`` maps over a leading device axis; ``kind='shard_map'`` jits a
+    ``shard_map`` over a 1-D mesh named ``'batch'``. Host-side arrays go in through
+    ``replicate`` / ``put_batch``; metrics come back as global sums.
+    """
+
+    def __init__(
+        self,
+        kind: str,
+        model: nn.Module,
+        label_smoothing: float,
+        devices: list[jax.Device] | None = None,
+    ) -> None:
+        check_kind(kind)
+        self.kind = kind
+        self.pad_id = model.config.pad_id
+        # pmap maps over the local devices; the shard_map mesh spans all processes' devices
+        self.devices = list(devices) if devices is not None else None
+        local = self.devices if devices is not None else jax.local_devices()
+        self.num_devices = len(local)
+        kw = dict(model=model, label_smoothing=label_smoothing, axis_name=AXIS)
+        train = functools.partial(steps.train_step, **kw)
+        accumulate = functools.partial(steps.accumulate_gradients, **kw)
+        evaluate = functools.partial(steps.eval_step, **kw)
+
+        def apply(state: TrainState, accumulated: Any) -> tuple[TrainState, dict]:
+            return steps.apply_gradients(state, *accumulated, axis_name=AXIS)
+
+        if kind == "pmap":
+            pmap = functools.partial(jax.pmap, axis_name=AXIS, devices=self.devices)
+            self._train = pmap(train, in_axes=(0, 0, None), donate_argnums=(0,))
+            self._accumulate = pmap(accumulate, in_axes=(0, 0, 0, None), donate_argnums=(0,))
+            self._apply = pmap(apply, donate_argnums=(0,))
+            self._eval = pmap(evaluate)
+        else:
+            self.mesh = Mesh(np.array(self.devices or jax.devices()), (AXIS,))
+            smap = functools.partial(jax.shard_map, mesh=self.mesh, check_vma=False)
+            self._train = jax.jit(
+                smap(train, in_specs=(P(), P(AXIS), P()), out_specs=(P(), P())),
+                donate_argnums=(0,),
+            )
+            self._accumulate = jax.jit(
+                smap(
+                    _squeezed(accumulate, 0),
+                    in_specs=(P(AXIS), P(), P(AXIS), P()),
+                    out_specs=P(AXIS),
+                ),
+                donate_argnums=(0,),
+            )
+            self._apply = jax.jit(
+                smap(_squeezed(apply, 1), in_specs=(P(), P(AXIS)), out_specs=(P(), P())),
+                donate_argnums=(0,),
+            )
+            self._eval = jax.jit(smap(evaluate, in_specs=(P(), P(AXIS)), out_specs=P()))
+
+    # -- moving data to and from the devices ------------------------------------------
+    def replicate(self, tree: Any) -> Any:
+        """Copy a host pytree (e.g. the train state) to every device."""
+        if self.kind == "pmap":  # laid out as pmap's outputs, so step 2 does not recompile
+            n = self.num_devices
+            stacked = jax.tree.map(lambda x: np.broadcast_to(x, (n,) + np.shape(x)), tree)
+            mesh = Mesh(np.array(self.devices or jax.local_devices()), (AXIS,))
+            return jax.device_put(stacked, NamedSharding(mesh, P(AXIS)))
+        return jax.device_put(tree, NamedSharding(self.mesh, P()))
+
+    def unreplicate(self, tree: Any) -> Any:
+        """One copy of a replicated pytree, as host numpy arrays."""
+        if self.kind == "pmap":
+            tree = jax.tree.map(lambda x: x[0], tree)
+        return jax.device_get(tree)
+
+    def put_batch(self, batch: dict[str, np.ndarray]) -> dict:
+        """Split this process's batch over its local devices."""
+        if self.kind == "pmap":
+            return shard_batch(batch, self.num_devices, self.pad_id)
+        local = self.num_devices
+        flat = {k: v.reshape((-1,) + v.shape[2:]) for k, v in shard_batch(batch, local).items()}
+        sharding = NamedSharding(self.mesh, P(AXIS))
+        return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in flat.items()}
+
+    def _metrics(self, metrics: dict) -> dict:
+        return jax.tree.map(lambda x: x[0], metrics) if self.kind == "pmap" else metrics
+
+    # -- the compiled steps ----------------------------------------------------------
+    def train_step(self, state: TrainState, batch: dict, rng: jax.Array) -> tuple[TrainState, dict]:
+        """One update on a host batch; returns the new state and global metric sums."""
+        state, metrics = self._train(state, self.put_batch(batch), rng)
+        return state, self._metrics(metrics)
+
+    def zero_accumulator(self, state: TrainState) -> Any:
+        params = self.unreplicate(state.params) if self.kind == "pmap" else state.params
+        zeros = steps.zero_accumulator(params)
+        if self.kind == "pmap":
+            return self.replicate(zeros)
+        sharding = NamedSharding(self.mesh, P(AXIS))
+        n = len(self.mesh.devices)
+        return jax.tree.map(
+            lambda x: jax.device_put(jnp.zeros((n,) + x.shape, x.dtype), sharding), zeros
+        )
+
+    def accumulate(self, accumulated: Any, state: TrainState, batch: dict, rng: jax.Array) -> Any:
+        """Add a micro-batch's gradient sums to the per-device buffers."""
+        return self._accumulate(accumulated, state.params, self.put_batch(batch), rng)
+
+    def apply(self, state: TrainState, accumulated: Any) -> tuple[TrainState, dict]:
+        """The update from accumulated gradients; returns the state and metric sums."""
+        state, metrics = self._apply(state, accumulated)
+        return state, self._metrics(metrics)
+
+    def eval_step(self, params: Any, batch: dict) -> dict:
+        """Global metric sums of one evaluation batch."""
+        return self._metrics(self._eval(params, self.put_batch(batch)))
+
+
+def _squeezed(fn: Any, argnum: int) -> Any:
+    """Under shard_map, drop/restore the leading size-1 device axis of argument ``argnum``."""
+
+    def wrapped(*args: Any) -> Any:
+        args = list(args)
+        args[argnum] = jax.tree.map(lambda x: x[0], args[argnum])
+        out = fn(*args)
+        return jax.tree.map(lambda x: x[None], out) if argnum == 0 else out
+
+    return wrapped
+
+
+def maybe_initialize_distributed(multihost: bool = False) -> bool:
+    """``jax.distributed.initialize()`` when asked or when launched by a cluster manager.
+
+    A coordinator address (``JAX_COORDINATOR_ADDRESS``) or a SLURM job with several tasks
+    means several processes; ``initialize`` reads the rest from the environment.
+    Returns whether it initialised.
+    """
+    launched = (
+        "JAX_COORDINATOR_ADDRESS" in os.environ or int(os.environ.get("SLURM_NTASKS", "1")) > 1
+    )
+    if not (multihost or launched):
+        return False
+    jax.distributed.initialize()
+    return True
