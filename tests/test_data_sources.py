@@ -85,3 +85,12 @@ def test_tfds_by_language_key_without_tensorflow():
 def test_tfds_unknown_dataset():
     with pytest.raises(ValueError, match="data.tfds_name='no_such_dataset'"):
         read_tfds("no_such_dataset", "train", "en", "de")
+
+
+def test_tfds_not_prepared_and_offline_is_a_clear_error(monkeypatch):
+    def offline(*args, **kwargs):
+        raise ConnectionError("Failed to resolve 'www.statmt.org'")
+
+    monkeypatch.setattr(tfds, "data_source", offline)
+    with pytest.raises(ValueError, match=r"not prepared in data.tfds_data_dir.*tfds build"):
+        read_tfds("wmt14_translate/de-en", "validation", "en", "de", "/nonexistent")

@@ -119,6 +119,13 @@ def read_tfds(
     except tfds.core.registered.DatasetNotFoundError as e:
         first_line = str(e).splitlines()[0]
         raise ValueError(f"data.tfds_name={name!r} is not a TFDS dataset: {first_line}") from None
+    except OSError as e:  # not prepared in data_dir, and the download failed
+        raise ValueError(
+            f"data.tfds_name={name!r} is not prepared in data.tfds_data_dir={data_dir or ''!r} "
+            f"and could not be downloaded ({type(e).__name__}: {str(e)[:200]}); prepare it on "
+            f"a machine with network access (`tfds build {name} --file_format=array_record "
+            "--data_dir DIR`) and set data.tfds_data_dir=DIR"
+        ) from None
     sources: list[str] = []
     targets: list[str] = []
     for i in range(len(data)):
