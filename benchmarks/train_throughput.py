@@ -1,0 +1,382 @@
+"""Training throughput: one full training step of the library's model, and optionally PyTorch.
+
+A step is the training engineer's ``train_step`` (forward with dropout, the label-smoothed
+loss, backward, the Adam update with the paper's schedule) compiled with ``jax.jit`` and
+the train state donated, on a batch of random full-length pairs (no padding). Reported:
+first-step seconds (tracing + XLA compilation + one step), target tokens/s over the timed
+steps (median and min-max), analytic matmul FLOPs per step (``transformer_jax.costs``),
+achieved GFLOP/s and their fraction of a measured float32 matmul ceiling (MFU).
+
+``--vs-torch`` also times ``torch.nn.Transformer`` of the same architecture
+(``benchmarks/torch_baseline.py``) in a separate process, alternating blocks of steps
+(JAX, torch, JAX, torch, ...) so that both see the same machine load.
+
+``--variants`` times library options side by side in one process (see ``VARIANTS``), and
+``--compile`` the first step of a fresh process (wall and CPU seconds).
+
+    python benchmarks/train_throughput.py                       # small
+    python benchmarks/train_throughput.py --configs small,base --vs-torch --json out.json
+    python benchmarks/train_throughput.py --variants default,unsafe_rbg,no-dropout,fused
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+import _common  # noqa: F401  (puts the repository root on sys.path)
+import numpy as np
+from _common import describe_machine, machine, matmul_ceiling, summary, table, write_json
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """A model size and the batch it is timed on."""
+
+    model: dict[str, Any]
+    batch: int
+    src_len: int
+    tgt_len: int
+
+
+SETTINGS = {
+    "small": Setting(
+        dict(
+            vocab_size=8000,
+            d_model=256,
+            num_heads=4,
+            d_ff=1024,
+            num_encoder_layers=3,
+            num_decoder_layers=3,
+        ),
+        batch=32,
+        src_len=64,
+        tgt_len=64,
+    ),
+    "base": Setting(dict(vocab_size=32000), batch=16, src_len=64, tgt_len=64),  # paper base
+    "tiny": Setting(  # for the smoke test
+        dict(
+            vocab_size=64,
+            d_model=16,
+            num_heads=2,
+            d_ff=32,
+            num_encoder_layers=1,
+            num_decoder_layers=1,
+            max_len=16,
+        ),
+        batch=2,
+        src_len=8,
+        tgt_len=8,
+    ),
+}
+LABEL_SMOOTHING = 0.1
+WARMUP_STEPS = 4000
+VARIANTS = {  # library options compared in one process, alternating with each other
+    "default": {},  # jit, threefry dropout keys, reference attention: what train.py runs
+    "fused": {"model": {"attention_impl": "fused"}},
+    "bf16": {"model": {"dtype": "bfloat16"}},  # bfloat16 compute, float32 parameters
+    "bf16-fused": {"model": {"dtype": "bfloat16", "attention_impl": "fused"}},
+    "rbg": {"rng_impl": "rbg"},  # dropout masks from XLA's RngBitGenerator
+    "unsafe_rbg": {"rng_impl": "unsafe_rbg"},
+    "no-dropout": {"model": {"dropout_rate": 0.0}},  # not a training setting: RNG cost bound
+    "pmap": {"parallel": "pmap"},  # the training loop's DataParallel wrapper
+}
+
+
+def random_batch(setting: Setting, seed: int = 0) -> dict[str, np.ndarray]:
+    """Full-length pairs of random non-special tokens (ids 4..vocab-1; no padding)."""
+    rng = np.random.default_rng(seed)
+    vocab = setting.model["vocab_size"]
+    src = rng.integers(4, vocab, (setting.batch, setting.src_len), dtype=np.int32)
+    tgt = rng.integers(4, vocab, (setting.batch, setting.tgt_len + 1), dtype=np.int32)
+    return {"src": src, "tgt_in": tgt[:, :-1], "tgt_out": tgt[:, 1:]}
+
+
+class JaxStep:
+    """The library's jitted ``train_step`` on one fixed batch; ``run(n)`` times n steps.
+
+    ``variant`` (a key of ``VARIANTS``) changes model fields, the dropout key's PRNG
+    implementation (a typed key passed as the step's ``rng``) or the parallel wrapper.
+    """
+
+    def __init__(self, setting: Setting, variant: str = "default") -> None:
+        import jax
+
+        from transformer_jax import Transformer, TransformerConfig
+        from transformer_jax.config import to_dtype
+        from transformer_jax.training.optimizer import transformer_optimizer, transformer_schedule
+        from transformer_jax.training.parallel import DataParallel
+        from transformer_jax.training.steps import create_train_state, train_step
+
+        options = VARIANTS[variant]
+        fields = {**setting.model, **options.get("model", {})}
+        fields["dtype"] = to_dtype(fields.get("dtype", "float32"))
+        self.config = TransformerConfig(**fields)
+        self.rng_impl = options.get("rng_impl")
+        model = Transformer(self.config)
+        batch = random_batch(setting)
+        key = jax.random.PRNGKey(0)
+        params = jax.jit(lambda k: model.init(k, batch["src"][:1], batch["tgt_in"][:1]))(key)
+        tx = transformer_optimizer(transformer_schedule(self.config.d_model, WARMUP_STEPS))
+        state = create_train_state(params["params"], tx, jax.random.PRNGKey(1))
+        self.base_rng = np.asarray(state.rng)  # the state is donated
+        parallel = options.get("parallel", "jit")
+        if parallel == "jit":
+            step = functools.partial(train_step, model=model, label_smoothing=LABEL_SMOOTHING)
+            self._step = jax.jit(step, donate_argnums=(0,))
+            self.state, self.batch = state, jax.device_put(batch)
+        else:  # the training loop's path: DataParallel over the local devices
+            dp = DataParallel(parallel, model, LABEL_SMOOTHING)
+            self._step = dp.train_step
+            self.state, self.batch = dp.replicate(state), batch
+        self.count = 0
+
+    def step(self) -> None:
+        import jax
+
+        self.count += 1
+        if self.rng_impl:
+            rng = jax.random.key(self.count, impl=self.rng_impl)
+        else:
+            rng = jax.random.fold_in(self.base_rng, self.count)  # as the training loop does
+        self.state, metrics = self._step(self.state, self.batch, rng)
+        jax.block_until_ready((self.state, metrics))
+
+    def run(self, steps: int) -> tuple[list[float], list[float]]:
+        """Wall-clock and process CPU seconds of each of ``steps`` steps."""
+        times, cpu = [], []
+        for _ in range(steps):
+            start, start_cpu = time.perf_counter(), time.process_time()
+            self.step()
+            times.append(time.perf_counter() - start)
+            cpu.append(time.process_time() - start_cpu)
+        return times, cpu
+
+
+class TorchWorker:
+    """``benchmarks/torch_baseline.py`` in a child process, driven over stdin/stdout."""
+
+    def __init__(self, setting: Setting, threads: int) -> None:
+        spec = dict(
+            dataclasses.asdict(setting),
+            threads=threads,
+            label_smoothing=LABEL_SMOOTHING,
+            warmup_steps=WARMUP_STEPS,
+        )
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_baseline.py")
+        self.proc = subprocess.Popen(
+            [sys.executable, script, json.dumps(spec)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.run(1)  # imports torch, builds the model, takes the first step
+
+    def run(self, steps: int) -> tuple[list[float], list[float]]:
+        """Wall-clock and process CPU seconds of each of ``steps`` steps."""
+        self.proc.stdin.write(f"{steps}\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(
+                "the torch worker exited; is torch installed? (pip install -e .[torch])"
+            )
+        answer = json.loads(line)
+        return answer["times"], answer["cpu"]
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def measure(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Time one setting: each JAX variant (and torch), alternating; one row per worker."""
+    from transformer_jax.costs import training_flops
+
+    setting = SETTINGS[name]
+    workers: dict[str, Any] = {}
+    first: dict[str, dict[str, float]] = {}
+    for variant in args.variants.split(","):
+        workers[variant] = JaxStep(setting, variant)  # parameters and Adam state, untimed
+        wall, cpu = time.perf_counter(), time.process_time()
+        workers[variant].step()  # traces, compiles and runs the step
+        first[variant] = {"wall": time.perf_counter() - wall, "cpu": time.process_time() - cpu}
+    if args.vs_torch:
+        wall = time.perf_counter()
+        workers["torch"] = TorchWorker(setting, args.torch_threads)
+        first["torch"] = {"wall": time.perf_counter() - wall, "cpu": float("nan")}
+    for worker in workers.values():  # warm-up, untimed
+        worker.run(args.warmup)
+    times: dict[str, list[float]] = {k: [] for k in workers}
+    cpu: dict[str, list[float]] = {k: [] for k in workers}
+    for _ in range(args.rounds):  # A B A B: every worker sees the same load
+        for key, worker in workers.items():
+            wall_s, cpu_s = worker.run(args.steps)
+            times[key] += wall_s
+            cpu[key] += cpu_s
+    if "torch" in workers:
+        workers["torch"].close()
+
+    config = next(iter(workers.values())).config
+    flops = training_flops(config, setting.src_len, setting.tgt_len, setting.batch)
+    tgt_tokens = setting.batch * setting.tgt_len
+    rows = []
+    for key, ts in times.items():
+        s = summary(ts)
+        rows.append(
+            {
+                "config": name,
+                "variant": key,
+                "batch": f"{setting.batch}x{setting.src_len}+{setting.tgt_len}",
+                "first_step_s": first[key]["wall"],
+                "first_step_cpu_s": first[key]["cpu"],
+                "step_s": s,
+                "step_cpu_s": summary(cpu[key]),
+                "tgt_tokens_per_s": {
+                    "median": tgt_tokens / s["median"],
+                    "min": tgt_tokens / s["max"],
+                    "max": tgt_tokens / s["min"],
+                },
+                "timed_steps": len(ts),
+                "flops_per_step": flops,
+                "gflops_per_s": flops / s["median"] / 1e9,
+            }
+        )
+    reference = rows[0]["step_s"]["median"]
+    for row in rows:
+        row["speed_vs_first"] = reference / row["step_s"]["median"]
+    return rows
+
+
+def compile_times(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """First-step seconds of a training step in fresh processes (nothing compiled before).
+
+    The model unrolls its layers (a Python loop); it offers no ``nn.scan`` over layers.
+    """
+    rows = []
+    for variant in ("default", "fused"):
+        cmd = [sys.executable, os.path.abspath(__file__), "--configs", args.compile_config]
+        cmd += ["--steps", "1", "--rounds", "1", "--warmup", "0", "--variants", variant]
+        cmd += ["--no-ceiling", "--quiet-json"]
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+        (result,) = json.loads(out.strip().splitlines()[-1])["results"]
+        rows.append(
+            {
+                "config": args.compile_config,
+                "variant": variant,
+                "layers": "unrolled",
+                "first_step_s": result["first_step_s"],
+                "first_step_cpu_s": result["first_step_cpu_s"],
+            }
+        )
+    return rows
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--configs", default="small", help=f"comma list of {sorted(SETTINGS)}")
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per round")
+    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds (A B A B)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps after compiling")
+    parser.add_argument(
+        "--variants", default="default", help=f"comma list of JAX variants {list(VARIANTS)}"
+    )
+    parser.add_argument("--vs-torch", action="store_true", help="also time torch.nn.Transformer")
+    parser.add_argument("--torch-threads", type=int, default=os.cpu_count())
+    parser.add_argument(
+        "--compile", action="store_true", help="first-step seconds in fresh processes"
+    )
+    parser.add_argument("--compile-config", default="small")
+    parser.add_argument("--no-ceiling", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--quiet-json", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--smoke", action="store_true", help="tiny model, one timed step")
+    parser.add_argument("--json", help="write the results to this file")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.configs, args.steps, args.rounds, args.warmup = "tiny", 1, 1, 0
+    names = args.configs.split(",")
+    for name in names:
+        if name not in SETTINGS:
+            raise ValueError(f"--configs: {name!r} is not one of {sorted(SETTINGS)}")
+    for variant in args.variants.split(","):
+        if variant not in VARIANTS:
+            raise ValueError(f"--variants: {variant!r} is not one of {list(VARIANTS)}")
+    for flag in ("steps", "rounds"):
+        if getattr(args, flag) < 1:
+            raise ValueError(f"--{flag} must be >= 1")
+
+    info = machine()
+    size = 256 if args.smoke else 2048
+    ceiling = float("nan") if args.no_ceiling else matmul_ceiling(size)
+    results = [row for name in names for row in measure(name, args)]
+    if not args.no_ceiling:  # before and after: the better one is closer to the machine's
+        ceiling = max(ceiling, matmul_ceiling(size))
+    for row in results:
+        row["mfu"] = row["gflops_per_s"] * 1e9 / ceiling
+    compiled = compile_times(args) if args.compile else []
+    payload = {
+        "machine": info,
+        "matmul_ceiling_gflops": ceiling / 1e9,
+        "results": results,
+        "compile": compiled,
+    }
+    if args.quiet_json:
+        print(json.dumps(payload))
+        return payload
+
+    print(f"machine: {describe_machine(info)}")
+    print(
+        f"float32 matmul ceiling: {ceiling / 1e9:.1f} GFLOP/s "
+        f"(jitted {size}^3 matmul, best of 5 before and 5 after the steps)"
+    )
+    rows = [
+        [
+            r["config"],
+            r["variant"],
+            r["batch"],
+            r["first_step_s"],
+            r["tgt_tokens_per_s"]["median"],
+            f"{r['tgt_tokens_per_s']['min']:,.0f}-{r['tgt_tokens_per_s']['max']:,.0f}",
+            r["timed_steps"],
+            r["flops_per_step"] / 1e9,
+            r["gflops_per_s"],
+            f"{100 * r['mfu']:.1f}%",
+            r["step_cpu_s"]["median"],
+            f"{r['speed_vs_first']:.2f}x",
+        ]
+        for r in results
+    ]
+    headers = ["config", "variant", "batch", "first step s", "tgt tok/s", "min-max", "steps"]
+    headers += ["GFLOP/step", "GFLOP/s", "MFU", "CPU s/step", "speed vs first row"]
+    print(table(headers, rows))
+    if compiled:
+        print("\ncompile: first training step in a fresh process (target < 15 s for small)")
+        print(
+            table(
+                ["config", "variant", "layers", "first step s", "first step CPU s"],
+                [
+                    [
+                        c["config"],
+                        c["variant"],
+                        c["layers"],
+                        c["first_step_s"],
+                        c["first_step_cpu_s"],
+                    ]
+                    for c in compiled
+                ],
+            )
+        )
+        print("nn.scan over layers: not offered by the model (its layers are a Python loop).")
+    write_json(args.json, payload)
+    return payload
+
+
+if __name__ == "__main__":
+    main()

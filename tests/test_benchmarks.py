@@ -1,0 +1,104 @@
+"""Each benchmark script runs end to end on a tiny setting (``--smoke``); no speed assertions."""
+
+import importlib.util
+import json
+import os
+import sys
+
+import pytest
+
+BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+
+
+def _script(name: str):
+    """Import ``benchmarks/{name}.py`` once (the scripts import their helper ``_common``)."""
+    module_name = f"benchmark_{name}"
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    if BENCHMARKS not in sys.path:
+        sys.path.insert(0, BENCHMARKS)
+    spec = importlib.util.spec_from_file_location(module_name, f"{BENCHMARKS}/{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module  # dataclasses look their module up while defining
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_train_throughput_smoke(tmp_path):
+    out = tmp_path / "train.json"
+    payload = _script("train_throughput").main(["--smoke", "--json", str(out)])
+    (row,) = payload["results"]
+    assert row["timed_steps"] == 1 and row["flops_per_step"] > 0
+    assert row["tgt_tokens_per_s"]["median"] > 0
+    assert json.loads(out.read_text())["results"][0]["config"] == "tiny"
+
+
+@pytest.mark.slow  # starts a PyTorch process
+def test_train_throughput_vs_torch_smoke():
+    pytest.importorskip("torch")
+    payload = _script("train_throughput").main(["--smoke", "--vs-torch"])
+    jax_row, torch_row = payload["results"]
+    assert torch_row["variant"] == "torch" and torch_row["speed_vs_first"] > 0
+
+
+def test_train_throughput_rejects_unknown_config():
+    with pytest.raises(ValueError, match="--configs"):
+        _script("train_throughput").main(["--configs", "huge"])
+
+
+def test_decode_throughput_smoke():
+    payload = _script("decode_throughput").main(["--smoke"])
+    methods = [r["method"] for r in payload["results"]]
+    assert methods == ["greedy (cached)", "greedy (uncached)", "beam-2 (cached)"]
+    # The EOS logit is suppressed, so every sentence emits all its tokens.
+    assert all(r["output_tokens"] == 2 * 4 for r in payload["results"])
+    assert payload["greedy_cached_uncached_token_agreement"] == 1.0
+
+
+def test_attention_smoke():
+    payload = _script("attention").main(["--smoke"])
+    rows = payload["results"]
+    assert [(r["n"], r["impl"]) for r in rows] == [
+        (16, "reference"),
+        (16, "fused"),
+        (32, "reference"),
+        (32, "fused"),
+    ]
+    assert all(r["forward_temp_bytes"] > 0 for r in rows)
+
+
+def _write_corpus(directory, splits=("train", "val", "test_2016_flickr")):
+    words = ["a", "dog", "cat", "runs", "sits", "on", "the", "red", "green", "grass"]
+    german = ["ein", "hund", "katze", "rennt", "sitzt", "auf", "dem", "roten", "grünen", "gras"]
+    for split in splits:
+        lines = range(60 if split == "train" else 4)
+        for lang, vocab in (("en", words), ("de", german)):
+            text = "\n".join(" ".join(vocab[(i + j) % 10] for j in range(3 + i % 4)) for i in lines)
+            (directory / f"{split}.{lang}").write_text(text + "\n", encoding="utf-8")
+
+
+@pytest.mark.slow  # a train.py process: tokenizer, two steps, checkpoints, decoding (~30 s)
+def test_quality_smoke(tmp_path):
+    data = tmp_path / "text"
+    data.mkdir()
+    _write_corpus(data)
+    args = ["--smoke", "--minutes", "10", "--data-dir", str(data), "--beams", "1", "--average", "2"]
+    payload = _script("quality").main([*args, "--workdir", str(tmp_path / "run")])
+    assert payload["step"] == 2 and not payload["stopped_by_budget"]
+    assert [(r["checkpoint"], r["beam"]) for r in payload["test"]] == [
+        ("latest", 1),
+        ("averaged", 1),
+    ]
+    assert all(r["sentences"] == 4 and 0.0 <= r["bleu"] <= 100.0 for r in payload["test"])
+    assert payload["loss_curve"] and "loss" in payload["loss_curve"][0]
+
+
+def test_quality_refuses_a_used_workdir(tmp_path):
+    data = tmp_path / "text"
+    data.mkdir()
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match="--workdir"):
+        _script("quality").main(
+            ["--minutes", "1", "--data-dir", str(data), "--workdir", str(tmp_path / "run")]
+        )
