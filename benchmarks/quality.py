@@ -8,12 +8,14 @@ the data, compilation and the steps. When it is spent, the trainer gets SIGTERM,
 makes the training loop finish its step, save a checkpoint and exit. The newest
 checkpoint is then translated (``transformer_jax.translate.translate_lines``, beam 4 and
 greedy) and scored (``transformer_jax.evaluate.bleu``); with ``--average N`` so is the mean
-of the last N checkpoints (``transformer_jax.average``, paper §6.1). This evaluation is not
-counted in the budget. Reported: BLEU, steps, epochs, the training loop's tokens/s and the loss
+of the last N checkpoints (``transformer_jax.average``, paper §6.1). With ``--minutes 30,60``
+the run also gets SIGUSR1 at 30 minutes, saves its parameters then and goes on; that
+snapshot is scored too: one run reports both budgets. Evaluation is not counted in the
+budget. Reported: BLEU, steps, epochs, the training loop's tokens/s and the loss
 curve from ``{workdir}/metrics.jsonl``.
 
     python benchmarks/quality.py --minutes 30 --workdir runs/multi30k-30min
-    python benchmarks/quality.py --minutes 60 --workdir runs/multi30k-60min --json out.json
+    python benchmarks/quality.py --minutes 30,60 --workdir runs/multi30k-60min --json out.json
     python benchmarks/quality.py --minutes 30 --data-dir DIR --src-lang en --tgt-lang fr
 """
 
@@ -52,17 +54,22 @@ SMOKE_OVERRIDES = {  # a model and run small enough for a test
 }
 
 
-def train_within_budget(command: list[str], minutes: float, log_path: str) -> dict[str, Any]:
-    """Run ``command``; SIGTERM it when ``minutes`` have passed. Returns timings."""
+def train_within_budget(command: list[str], marks: list[float], log_path: str) -> dict[str, Any]:
+    """Run ``command``; at each of ``marks`` (minutes, ascending) but the last send SIGUSR1
+    (the loop saves a parameter snapshot and goes on), at the last SIGTERM (the loop
+    checkpoints and exits). Returns timings."""
     start = time.perf_counter()
     with open(log_path, "w") as log:
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
-        try:
-            proc.wait(timeout=minutes * 60)
-            stopped = False
-        except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGTERM)  # the loop checkpoints and exits
-            stopped = True
+        stopped = False
+        for i, minutes in enumerate(marks):
+            try:
+                proc.wait(timeout=max(minutes * 60 - (time.perf_counter() - start), 0.0))
+                break  # finished (or failed) before the mark
+            except subprocess.TimeoutExpired:
+                last = i == len(marks) - 1
+                proc.send_signal(signal.SIGTERM if last else signal.SIGUSR1)
+                stopped = last
         budget_s = time.perf_counter() - start
         returncode = proc.wait()
     if returncode != 0:
@@ -87,8 +94,32 @@ def parse_log(log_path: str) -> dict[str, int]:
     return {"train_pairs": int(match.group(1)), "batches_per_epoch": int(match.group(2))}
 
 
-def evaluate(workdir: str, split: str, beams: list[int], checkpoint: str) -> list[dict[str, Any]]:
-    """sacreBLEU on ``split`` of one checkpoint ('latest' or 'averaged'), per beam size."""
+def parse_marks(text: str) -> list[float]:
+    """``'30,60'`` -> ``[30.0, 60.0]``: positive and ascending, else ValueError."""
+    try:
+        marks = [float(m) for m in text.split(",")]
+    except ValueError:
+        raise ValueError(f"--minutes must be numbers separated by commas, got {text!r}") from None
+    if any(m <= 0 for m in marks) or marks != sorted(set(marks)):
+        raise ValueError(f"--minutes must be positive and ascending, got {text!r}")
+    return marks
+
+
+def snapshot_steps(workdir: str) -> list[int]:
+    """Steps of the parameter snapshots the run saved on SIGUSR1, ascending."""
+    from transformer_jax.training.checkpoints import SNAPSHOT_DIR
+
+    directory = os.path.join(workdir, SNAPSHOT_DIR)
+    if not os.path.isdir(directory):
+        return []
+    return sorted(int(name) for name in os.listdir(directory) if name.isdigit())
+
+
+def evaluate(
+    workdir: str, split: str, beams: list[int], checkpoint: str, minutes: float
+) -> list[dict[str, Any]]:
+    """sacreBLEU on ``split`` of one checkpoint ('latest', 'averaged' or 'snapshots/STEP',
+    the parameters after ``minutes`` of training), per beam size."""
     from transformer_jax.config import from_config_dict
     from transformer_jax.data import load_pairs, load_tokenizer
     from transformer_jax.evaluate import bleu
@@ -115,6 +146,7 @@ def evaluate(workdir: str, split: str, beams: list[int], checkpoint: str) -> lis
         result = bleu(hypotheses, references)
         rows.append(
             {
+                "minutes": minutes,
                 "checkpoint": checkpoint,
                 "step": int(step),
                 "beam": beam,
@@ -149,7 +181,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         description=__doc__.split("\n\n")[0],
         epilog="Other --config.<section>.<field>=value arguments are passed to train.py.",
     )
-    parser.add_argument("--minutes", type=float, required=True, help="training budget")
+    parser.add_argument(
+        "--minutes",
+        required=True,
+        help="training budget; a comma list (30,60) also scores a snapshot at each earlier mark",
+    )
     parser.add_argument("--data-dir", default=DEFAULT_DATA, help="{split}.{lang} text files")
     parser.add_argument("--src-lang", default="en")
     parser.add_argument("--tgt-lang", default="de")
@@ -168,8 +204,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     unknown = [a for a in passthrough if not a.startswith("--config.")]
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    if args.minutes <= 0:
-        raise ValueError(f"--minutes must be positive, got {args.minutes}")
+    marks = parse_marks(args.minutes)
     if not os.path.isdir(args.data_dir):
         raise ValueError(f"--data-dir {args.data_dir!r} is not a directory")
     if os.path.isdir(args.workdir) and os.listdir(args.workdir):
@@ -193,20 +228,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     command += passthrough
     info = machine()
     print(f"machine: {describe_machine(info)}")
-    print(f"training for at most {args.minutes:g} min:\n  {' '.join(command)}")
+    print(f"training for at most {marks[-1]:g} min:\n  {' '.join(command)}")
     log_path = os.path.join(workdir, "train.log")
-    timing = train_within_budget(command, args.minutes, log_path)
+    timing = train_within_budget(command, marks, log_path)
     counts = parse_log(log_path)
-    from transformer_jax.training.checkpoints import list_steps
+    from transformer_jax.training.checkpoints import SNAPSHOT_DIR, list_steps
 
     step = list_steps(workdir)[-1]
-    scores = evaluate(workdir, args.test_split, beams, "latest")
+    scores = []
+    for minutes, snapshot in zip(marks, snapshot_steps(workdir), strict=False):
+        scores += evaluate(workdir, args.test_split, beams, f"{SNAPSHOT_DIR}/{snapshot}", minutes)
+    scores += evaluate(workdir, args.test_split, beams, "latest", marks[-1])
     if args.average > 1:
         from transformer_jax.average import average_checkpoints
 
         averaged, _ = average_checkpoints(workdir, min(args.average, len(list_steps(workdir))))
         print(f"averaged the checkpoints of steps {averaged}")
-        scores += evaluate(workdir, args.test_split, beams, "averaged")
+        scores += evaluate(workdir, args.test_split, beams, "averaged", marks[-1])
     curve = loss_curve(workdir)
     epochs = step / counts["batches_per_epoch"] if counts else float("nan")
     speeds = [r["tokens_per_sec"] for r in curve[1:]] or [float("nan")]
@@ -218,12 +256,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     print(
         table(
-            ["test split", "sentences", "checkpoint", "beam", "sacreBLEU", "decode s"],
+            [
+                "minutes",
+                "test split",
+                "sentences",
+                "checkpoint",
+                "step",
+                "beam",
+                "sacreBLEU",
+                "decode s",
+            ],
             [
                 [
+                    r["minutes"],
                     args.test_split,
                     r["sentences"],
                     r["checkpoint"],
+                    r["step"],
                     r["beam"],
                     r["bleu"],
                     r["decode_s"],
@@ -256,7 +305,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     payload = {
         "machine": info,
         "command": command,
-        "minutes": args.minutes,
+        "minutes": marks,
         **timing,
         **counts,
         "step": step,

@@ -86,7 +86,8 @@ VARIANTS = {  # library options compared in one process, alternating with each o
     "rbg": {"rng_impl": "rbg"},  # dropout masks from XLA's RngBitGenerator
     "unsafe_rbg": {"rng_impl": "unsafe_rbg"},
     "no-dropout": {"model": {"dropout_rate": 0.0}},  # not a training setting: RNG cost bound
-    "pmap": {"parallel": "pmap"},  # the training loop's DataParallel wrapper
+    "pmap": {"parallel": "pmap"},  # the training loop's DataParallel wrappers
+    "shard_map": {"parallel": "shard_map"},
 }
 
 

@@ -93,6 +93,14 @@ def test_quality_smoke(tmp_path):
     assert payload["loss_curve"] and "loss" in payload["loss_curve"][0]
 
 
+def test_quality_budget_marks():
+    quality = _script("quality")
+    assert quality.parse_marks("30,60") == [30.0, 60.0] and quality.parse_marks("0.5") == [0.5]
+    for bad in ("0", "60,30", "30,30", "thirty"):
+        with pytest.raises(ValueError, match="--minutes"):
+            quality.parse_marks(bad)
+
+
 def test_quality_refuses_a_used_workdir(tmp_path):
     data = tmp_path / "text"
     data.mkdir()

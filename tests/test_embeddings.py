@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_jax.embeddings import AddPositions, Embed, sinusoidal_positions
+from transformer_jax.embeddings import AddPositions, Embed, sinusoidal_positions, tied_logits
 
 
 def test_sinusoidal_hand_values():
@@ -61,6 +61,21 @@ def test_embedding_scaled_by_sqrt_d_model_and_attend_is_tied():
     # N(0, d_model^-0.5) init: scaled embeddings have unit variance
     big = Embed(vocab_size=4000, d_model=64).init(jax.random.key(1), jnp.array([[0]]))
     assert abs(float((big["params"]["embedding"] * 8.0).std()) - 1.0) < 0.05
+
+
+def test_tied_logits_gradients_equal_the_plain_product():
+    x = jax.random.normal(jax.random.key(2), (3, 5, 8))
+    table = jax.random.normal(jax.random.key(3), (13, 8))
+    upstream = jax.random.normal(jax.random.key(4), (3, 5, 13))
+
+    def loss(f):
+        return lambda x, e: (f(x, e) * upstream).sum()
+
+    ours = jax.jit(jax.grad(loss(tied_logits), argnums=(0, 1)))(x, table)
+    plain = jax.grad(loss(lambda x, e: jnp.einsum("btd,vd->btv", x, e)), argnums=(0, 1))(x, table)
+    for got, want in zip(ours, plain, strict=True):
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("kind", ["sinusoidal", "learned"])

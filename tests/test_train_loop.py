@@ -1,5 +1,6 @@
 """The training loop end to end on the embedded data with a micro model: training, logs,
-evaluation, exact resume after SIGKILL, SIGTERM, NaN stop, bad configs, TFDS (mocked)."""
+evaluation, exact resume after SIGKILL, SIGTERM, SIGUSR1 snapshots, NaN stop, bad configs,
+TFDS (mocked)."""
 
 import json
 import os
@@ -169,14 +170,22 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run_and_sigterm_saves(prep
     killed_at = max(losses(workdir))
     assert killed_at < steps, "the run finished before it was killed"
 
-    proc = run_train(config_path, workdir, wait=False)  # resumes, then gets SIGTERM
+    proc = run_train(config_path, workdir, wait=False)  # resumes, snapshots, gets SIGTERM
     wait_for(lambda: max(losses(workdir), default=0) > killed_at + 2, proc)
+    proc.send_signal(signal.SIGUSR1)  # save the parameters and go on
+    snapshots = os.path.join(workdir, "snapshots")
+    wait_for(
+        lambda: os.path.isdir(snapshots) and any(map(str.isdigit, os.listdir(snapshots))), proc
+    )
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, out
     assert "resuming from the checkpoint at step" in out and "SIGTERM" in out
     stopped_at = int(out.split("SIGTERM: saved the checkpoint at step ")[1].split(";")[0])
     assert stopped_at < steps and stopped_at in checkpoints.list_steps(workdir)
+    snapshot = int(out.split("SIGUSR1: saved the parameters of step ")[1].split()[0])
+    assert killed_at < snapshot <= stopped_at
+    assert checkpoints.load_run(workdir, f"snapshots/{snapshot}")[2] == snapshot
 
     code, out = run_train(config_path, workdir)
     assert code == 0, out

@@ -86,3 +86,35 @@ def test_loss_is_float32_for_bfloat16_logits():
     logits = jnp.ones((1, 2, 7), jnp.bfloat16)
     loss, _ = loss_and_metrics(logits, jnp.array([[1, 2]]), 0, 0.1)
     assert loss.dtype == jnp.float32
+
+
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1, 0.3])
+def test_loss_gradient_is_softmax_minus_smoothed_target(label_smoothing):
+    # d/dlogits of KL(q || softmax(logits)) = softmax(logits) - q, by hand (V = 4)
+    logits = jnp.array([[[2.0, 0.0, -1.0, 0.5], [0.3, 0.3, -2.0, 1.0]]])
+    targets = jnp.array([[0, 3]])
+    grad = jax.grad(lambda x: smoothed_cross_entropy(x, targets, label_smoothing).sum())(logits)
+    low = label_smoothing / 3
+    for row, target in ((0, 0), (1, 3)):
+        z = np.asarray(logits[0, row], np.float64)
+        q = np.full(4, low)
+        q[target] = 1.0 - label_smoothing
+        expected = np.exp(z) / np.exp(z).sum() - q
+        np.testing.assert_allclose(grad[0, row], expected, rtol=1e-5, atol=1e-7)
+
+
+def test_custom_loss_gradient_equals_autodiff_of_the_formula():
+    logits = 3.0 * jax.random.normal(jax.random.PRNGKey(1), (3, 5, 11))
+    targets = jax.random.randint(jax.random.PRNGKey(2), (3, 5), 0, 11)
+    weights = jax.random.uniform(jax.random.PRNGKey(3), (3, 5))
+
+    def formula(x):  # the textbook form, differentiated by JAX
+        log_p = jax.nn.log_softmax(x)
+        q = optax.smooth_labels(jax.nn.one_hot(targets, 11), 0.1 * 11 / 10)  # 0.9 / 0.01
+        return (-(q * log_p).sum(-1) * weights).sum()
+
+    ours = jax.grad(lambda x: (smoothed_cross_entropy(x, targets, 0.1) * weights).sum())(logits)
+    np.testing.assert_allclose(ours, jax.grad(formula)(logits), rtol=1e-5, atol=1e-6)
+    # and through jit, with bfloat16 logits the gradient keeps their dtype
+    bf16 = jax.jit(jax.grad(lambda x: smoothed_cross_entropy(x, targets, 0.1).sum()))
+    assert bf16(logits.astype(jnp.bfloat16)).dtype == jnp.bfloat16

@@ -14,6 +14,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from transformer_jax.dropout import dropout
+
 Array = jax.Array
 
 ATTENTION_IMPLS = ("reference", "fused", "cudnn")
@@ -131,8 +133,7 @@ def scaled_dot_product_attention(
     if use_dropout:
         if dropout_rng is None:
             raise ValueError("dropout_rng is required when dropout_rate > 0 and not deterministic")
-        keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
-        weights_dropped = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
+        weights_dropped = dropout(weights, dropout_rate, dropout_rng)
     else:
         weights_dropped = weights
     out = jnp.einsum("bhqk,bkhd->bqhd", weights_dropped.astype(v.dtype), v)

@@ -56,7 +56,32 @@ class Embed(nn.Module):
 
     def attend(self, x: Array) -> Array:
         """Logits ``x E^T`` over the vocabulary."""
-        return jnp.einsum("...d,vd->...v", x, jnp.asarray(self.embedding, self.dtype))
+        return tied_logits(x, jnp.asarray(self.embedding, self.dtype))
+
+
+@jax.custom_vjp
+def tied_logits(x: Array, embedding: Array) -> Array:
+    """``x E^T``: ``[..., d_model] x [vocab, d_model] -> [..., vocab]``.
+
+    A custom VJP that forms the embedding's gradient as ``(x^T g)^T``, transposing the
+    small ``[d_model, vocab]`` product; XLA's own derivative on CPU transposed the
+    ``[tokens, vocab]`` logit gradient instead, the costliest copy of a training step.
+    """
+    return jnp.einsum("...d,vd->...v", x, embedding)
+
+
+def _tied_logits_fwd(x: Array, embedding: Array) -> tuple[Array, tuple[Array, Array]]:
+    return tied_logits(x, embedding), (x, embedding)
+
+
+def _tied_logits_bwd(residuals: tuple[Array, Array], g: Array) -> tuple[Array, Array]:
+    x, embedding = residuals
+    grad_x = jnp.einsum("...v,vd->...d", g, embedding)
+    grad_embedding = jnp.einsum("...d,...v->dv", x, g).T
+    return grad_x, grad_embedding.astype(embedding.dtype)
+
+
+tied_logits.defvjp(_tied_logits_fwd, _tied_logits_bwd)
 
 
 class AddPositions(nn.Module):

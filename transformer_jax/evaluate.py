@@ -1,7 +1,8 @@
 """Translate a test set and score it with BLEU (paper §6.1, Table 2).
 
     python -m transformer_jax.evaluate --workdir DIR --src FILE --ref FILE
-        [--beam_size 4] [--alpha 0.6] [--checkpoint latest|STEP|averaged] [--out FILE]
+        [--beam_size 4] [--alpha 0.6] [--checkpoint latest|STEP|averaged|snapshots/STEP]
+        [--out FILE]
 
 Prints two numbers:
 

@@ -16,6 +16,7 @@ import jax
 
 from transformer_jax.attention import MultiHeadAttention
 from transformer_jax.config import TransformerConfig
+from transformer_jax.dropout import Dropout
 
 Array = jax.Array
 
@@ -66,7 +67,7 @@ class SubLayer(nn.Module):
 
     @nn.compact
     def __call__(self, x: Array, sublayer: Callable[[Array], Array], deterministic: bool) -> Array:
-        dropout = nn.Dropout(self.config.dropout_rate)
+        dropout = Dropout(self.config.dropout_rate)
         if self.config.norm == "pre":
             return x + dropout(sublayer(layer_norm(self.config)(x)), deterministic)
         return layer_norm(self.config)(x + dropout(sublayer(x), deterministic))

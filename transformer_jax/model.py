@@ -14,6 +14,7 @@ import jax.numpy as jnp
 
 from transformer_jax.attention import causal_mask, combine_masks, padding_mask, segment_mask
 from transformer_jax.config import TransformerConfig, from_config_dict
+from transformer_jax.dropout import Dropout
 from transformer_jax.embeddings import AddPositions, Embed
 from transformer_jax.layers import DecoderLayer, EncoderLayer, layer_norm
 
@@ -55,7 +56,7 @@ class Encoder(nn.Module):
         x = AddPositions(
             cfg.max_len, cfg.positional, param_dtype=cfg.param_dtype, name="positions"
         )(embed(src), positions)
-        x = nn.Dropout(cfg.dropout_rate)(x, deterministic)
+        x = Dropout(cfg.dropout_rate)(x, deterministic)
         mask = encoder_mask(src, cfg.pad_id, segments)
         for i in range(cfg.num_encoder_layers):
             x = EncoderLayer(cfg, name=f"layer_{i}")(x, mask, deterministic)
@@ -95,7 +96,7 @@ class Decoder(nn.Module):
             param_dtype=cfg.param_dtype,
             name="positions",
         )(embed(tgt_in), tgt_positions)
-        x = nn.Dropout(cfg.dropout_rate)(x, deterministic)
+        x = Dropout(cfg.dropout_rate)(x, deterministic)
 
         if cfg.decode:  # the cache supplies causality; one real position per call
             self_mask = None

@@ -1,7 +1,8 @@
 """Translate text with a trained run (paper §6.1 decoding: beam 4, alpha 0.6, input + 50).
 
     python -m transformer_jax.translate --workdir DIR [--beam_size 4] [--alpha 0.6]
-        [--checkpoint latest|STEP|averaged] [--input FILE] < source.txt > translations.txt
+        [--checkpoint latest|STEP|averaged|snapshots/STEP] [--input FILE]
+        < source.txt > translations.txt
 
 One source sentence per line in, one translation per line out, in the same order; an
 empty line gives an empty line. Sentences are sorted by length and decoded in batches
@@ -106,15 +107,21 @@ def _pad_batch(sources: list[list[int]], max_src_len: int) -> np.ndarray:
 def load(workdir: str, checkpoint: str) -> tuple[Any, TransformerConfig, Any, Tokenizer]:
     """``(run config, model config, params, tokenizer)`` of a workdir; ValueError if absent.
 
-    ``checkpoint`` is ``'latest'``, ``'averaged'`` or a step number (as text).
+    ``checkpoint`` is ``'latest'``, ``'averaged'``, a step number (as text) or
+    ``'snapshots/STEP'``.
     """
-    from transformer_jax.training.checkpoints import load_run
+    from transformer_jax.training.checkpoints import SNAPSHOT_DIR, load_run
 
     if not os.path.isdir(workdir):
         raise ValueError(f"workdir {workdir!r} does not exist")
     which: str | int = int(checkpoint) if checkpoint.isdigit() else checkpoint
+    directory, _, step = checkpoint.partition("/")
     if which not in ("latest", "averaged") and not isinstance(which, int):
-        raise ValueError(f"--checkpoint must be 'latest', 'averaged' or a step, got {checkpoint!r}")
+        if directory != SNAPSHOT_DIR or not step.isdigit():
+            raise ValueError(
+                "--checkpoint must be 'latest', 'averaged', a step or 'snapshots/STEP', "
+                f"got {checkpoint!r}"
+            )
     tokenizer = load_tokenizer(os.path.join(workdir, "tokenizer.model"))
     run, params, step = load_run(workdir, which)
     log.info("loaded %s checkpoint (step %d) from %s", checkpoint, step, workdir)
@@ -125,7 +132,9 @@ def add_decode_flags(parser: argparse.ArgumentParser) -> None:
     """Flags shared with ``transformer_jax.evaluate``; unset ones come from config.decode."""
     parser.add_argument("--workdir", required=True, help="training run directory")
     parser.add_argument(
-        "--checkpoint", default="latest", help="'latest' (default), 'averaged' or a step number"
+        "--checkpoint",
+        default="latest",
+        help="'latest' (default), 'averaged', a step, or 'snapshots/STEP' (saved on SIGUSR1)",
     )
     parser.add_argument("--beam_size", type=int, help="default: config.decode.beam_size (4)")
     parser.add_argument("--alpha", type=float, help="length penalty; default: config (0.6)")

@@ -20,6 +20,7 @@ import orbax.checkpoint as ocp
 
 CHECKPOINT_DIR = "checkpoints"
 AVERAGED_DIR = "averaged"
+SNAPSHOT_DIR = "snapshots"
 CONFIG_FILE = "config.json"
 
 log = logging.getLogger(__name__)
@@ -146,16 +147,21 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
 def load_run(
     workdir: str, checkpoint: str | int = "latest"
 ) -> tuple[ml_collections.ConfigDict, Any, int]:
-    """``(config, params, step)`` of a run: the ``'latest'`` checkpoint, a step number, or
-    the ``'averaged'`` parameters written by ``transformer_jax.average``."""
+    """``(config, params, step)`` of a run: the ``'latest'`` checkpoint, a step number, the
+    ``'averaged'`` parameters written by ``transformer_jax.average``, or
+    ``'snapshots/STEP'``, parameters saved on SIGUSR1 (see ``training.loop``)."""
     config = load_config(workdir)
+    snapshot = str(checkpoint).split("/")
     if checkpoint == "averaged":
         params, step = _restore_params(os.path.join(workdir, AVERAGED_DIR), None)
     elif checkpoint == "latest" or isinstance(checkpoint, int):
         step = None if checkpoint == "latest" else checkpoint
         params, step = _restore_params(os.path.join(workdir, CHECKPOINT_DIR), step)
+    elif len(snapshot) == 2 and snapshot[0] == SNAPSHOT_DIR and snapshot[1].isdigit():
+        params, step = _restore_params(os.path.join(workdir, SNAPSHOT_DIR), int(snapshot[1]))
     else:
         raise ValueError(
-            f"checkpoint must be 'latest', 'averaged' or a step number, got {checkpoint!r}"
+            "checkpoint must be 'latest', 'averaged', a step number or 'snapshots/STEP', "
+            f"got {checkpoint!r}"
         )
     return config, params, step

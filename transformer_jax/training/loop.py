@@ -4,6 +4,9 @@
 the newest good checkpoint, and ends with loss, perplexity and BLEU on the test split.
 Step ``s`` (counted from 1) uses the dropout key ``fold_in(seed_key, s)`` and the batch
 after the saved iterator position, so a resumed run repeats an uninterrupted one exactly.
+SIGTERM makes the loop checkpoint and exit after the current step; SIGUSR1 makes it save
+the current parameters in ``{workdir}/snapshots/{step}`` and go on (translate and evaluate
+load them with ``--checkpoint snapshots/STEP``).
 """
 
 from __future__ import annotations
@@ -32,26 +35,32 @@ from transformer_jax.training.steps import TrainState, create_train_state
 from transformer_jax.training.validation import validate_config
 
 
-class _StopSignal:
-    """Records SIGTERM so the loop can checkpoint and exit between steps."""
+class _Signals:
+    """Records SIGTERM (checkpoint and exit) and SIGUSR1 (save a parameter snapshot and
+    go on) so that the loop can act on them between steps."""
 
     def __init__(self) -> None:
-        self.received = False
-        self._previous = None
+        self.stop = False
+        self.snapshot = False
+        self._previous: dict[int, Any] = {}
 
-    def __enter__(self) -> _StopSignal:
-        try:
-            self._previous = signal.signal(signal.SIGTERM, self._handle)
-        except ValueError:  # not the main thread: no handler
-            self._previous = None
+    def __enter__(self) -> _Signals:
+        for signum in (signal.SIGTERM, signal.SIGUSR1):
+            try:
+                self._previous[signum] = signal.signal(signum, self._handle)
+            except ValueError:  # not the main thread: no handlers
+                break
         return self
 
     def _handle(self, signum: int, frame: Any) -> None:
-        self.received = True
+        if signum == signal.SIGTERM:
+            self.stop = True
+        else:
+            self.snapshot = True
 
     def __exit__(self, *exc: Any) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
 
 
 def init_state(model_config: TransformerConfig, config: ml_collections.ConfigDict) -> TrainState:
@@ -204,7 +213,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         return record
 
     bar = tqdm(total=num_steps, initial=start, desc="train", unit="step", disable=not is_main)
-    with _StopSignal() as stop, bar:
+    with _Signals() as signals, bar:
         for step in range(start + 1, num_steps + 1):
             rng = jax.random.fold_in(base_rng, step)
             micro = [next(train_iter) for _ in range(accum)]
@@ -234,14 +243,19 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                 config.train.checkpoint_every and step % config.train.checkpoint_every == 0
             )
             evaluate_now = config.train.eval_every and step % config.train.eval_every == 0
-            if boundary or checkpoint_now or evaluate_now or stop.received or step == num_steps:
+            if boundary or checkpoint_now or evaluate_now or signals.stop or step == num_steps:
                 read(pending)
                 pending = None
             if boundary:
                 log(step)
-            if checkpoint_now or stop.received or step == num_steps:
+            if checkpoint_now or signals.stop or step == num_steps:
                 save(step)
-            if stop.received:
+            if signals.snapshot:
+                signals.snapshot = False
+                snapshots = os.path.join(workdir, checkpoints.SNAPSHOT_DIR)
+                checkpoints.save_params(snapshots, dp.unreplicate(state).params, step)
+                bar.write(f"SIGUSR1: saved the parameters of step {step} in {snapshots}")
+            if signals.stop:
                 bar.close()
                 checkpointer.close()
                 writer.close()

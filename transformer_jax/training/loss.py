@@ -16,6 +16,7 @@ the end.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -24,18 +25,66 @@ import jax.numpy as jnp
 Array = jax.Array
 
 
-def smoothed_cross_entropy(logits: Array, targets: Array, label_smoothing: float) -> Array:
-    """Per-token KL(smoothed one-hot || softmax(logits)), float32 ``[B, T]``."""
-    vocab = logits.shape[-1]
-    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+def _log_normalizer(logits: Array) -> tuple[Array, Array]:
+    """Row maximum and log-sum-exp of float32 ``logits`` (the max shared by both)."""
+    peak = logits.max(-1)
+    return peak, peak + jnp.log(jnp.exp(logits - peak[..., None]).sum(-1))
+
+
+def _smoothing(vocab: int, label_smoothing: float) -> tuple[float, float, float]:
+    """(confidence, low, entropy of the smoothed target) for ``vocab`` classes."""
     confidence = 1.0 - label_smoothing
     low = label_smoothing / (vocab - 1)
-    target_log_prob = jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
-    cross_entropy = -(confidence * target_log_prob + low * (log_probs.sum(-1) - target_log_prob))
-    entropy = -confidence * jnp.log(confidence) if confidence > 0 else 0.0
+    entropy = -confidence * math.log(confidence) if confidence > 0 else 0.0
     if low > 0:
-        entropy = entropy - (vocab - 1) * low * jnp.log(low)
-    return cross_entropy - entropy
+        entropy -= (vocab - 1) * low * math.log(low)
+    return confidence, low, entropy
+
+
+def _smoothed_cross_entropy_and_lse(
+    logits: Array, targets: Array, label_smoothing: float
+) -> tuple[Array, Array]:
+    logits = logits.astype(jnp.float32)
+    vocab = logits.shape[-1]
+    confidence, low, entropy = _smoothing(vocab, label_smoothing)
+    _, lse = _log_normalizer(logits)
+    target_log_prob = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0] - lse
+    sum_log_probs = logits.sum(-1) - vocab * lse
+    cross_entropy = -(confidence * target_log_prob + low * (sum_log_probs - target_log_prob))
+    return cross_entropy - entropy, lse
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def smoothed_cross_entropy(logits: Array, targets: Array, label_smoothing: float) -> Array:
+    """Per-token KL(smoothed one-hot || softmax(logits)), float32 ``[B, T]``.
+
+    With ``log p = logits - lse`` and ``q`` the smoothed target (``confidence`` on the
+    reference, ``low`` elsewhere): ``-sum_v q_v log p_v - H(q)``. Its gradient,
+    ``softmax(logits) - q``, is a custom VJP computed in one pass over the logits (XLA's
+    derivative of ``log_softmax`` and ``take_along_axis`` made several, and a scatter).
+    """
+    return _smoothed_cross_entropy_and_lse(logits, targets, label_smoothing)[0]
+
+
+def _smoothed_cross_entropy_fwd(
+    logits: Array, targets: Array, label_smoothing: float
+) -> tuple[Array, tuple[Array, Array, Array]]:
+    loss, lse = _smoothed_cross_entropy_and_lse(logits, targets, label_smoothing)
+    return loss, (logits, targets, lse)
+
+
+def _smoothed_cross_entropy_bwd(
+    label_smoothing: float, residuals: tuple[Array, Array, Array], g: Array
+) -> tuple[Array, None]:
+    logits, targets, lse = residuals
+    confidence, low, _ = _smoothing(logits.shape[-1], label_smoothing)
+    classes = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
+    q = jnp.where(classes == targets[..., None], confidence, low)
+    softmax = jnp.exp(logits.astype(jnp.float32) - lse[..., None])
+    return (g[..., None] * (softmax - q)).astype(logits.dtype), None
+
+
+smoothed_cross_entropy.defvjp(_smoothed_cross_entropy_fwd, _smoothed_cross_entropy_bwd)
 
 
 def loss_and_metrics(
@@ -44,13 +93,16 @@ def loss_and_metrics(
     """Summed smoothed loss over non-pad targets and the metric sums.
 
     Returns ``(loss_sum, {'loss', 'nll', 'tokens', 'correct'})``: float32 sums over the
-    non-pad positions of ``targets`` (``tokens`` counts them).
+    non-pad positions of ``targets`` (``tokens`` counts them). A token is correct when
+    its reference has the largest logit.
     """
     weights = (targets != pad_id).astype(jnp.float32)
     loss = (smoothed_cross_entropy(logits, targets, label_smoothing) * weights).sum()
-    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    nll = -(jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0] * weights).sum()
-    correct = ((logits.argmax(-1) == targets) * weights).sum()
+    fixed = jax.lax.stop_gradient(logits.astype(jnp.float32))
+    peak, lse = _log_normalizer(fixed)
+    target_logit = jnp.take_along_axis(fixed, targets[..., None], axis=-1)[..., 0]
+    nll = ((lse - target_logit) * weights).sum()
+    correct = ((target_logit >= peak) * weights).sum()
     metrics = {"loss": loss, "nll": nll, "tokens": weights.sum(), "correct": correct}
     return loss, metrics
 
