@@ -243,19 +243,20 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                 config.train.checkpoint_every and step % config.train.checkpoint_every == 0
             )
             evaluate_now = config.train.eval_every and step % config.train.eval_every == 0
-            if boundary or checkpoint_now or evaluate_now or signals.stop or step == num_steps:
+            stopping = signals.stop  # read once: a signal arriving later waits for the next step
+            if boundary or checkpoint_now or evaluate_now or stopping or step == num_steps:
                 read(pending)
                 pending = None
             if boundary:
                 log(step)
-            if checkpoint_now or signals.stop or step == num_steps:
+            if checkpoint_now or stopping or step == num_steps:
                 save(step)
             if signals.snapshot:
                 signals.snapshot = False
                 snapshots = os.path.join(workdir, checkpoints.SNAPSHOT_DIR)
                 checkpoints.save_params(snapshots, dp.unreplicate(state).params, step)
                 bar.write(f"SIGUSR1: saved the parameters of step {step} in {snapshots}")
-            if signals.stop:
+            if stopping:
                 bar.close()
                 checkpointer.close()
                 writer.close()
