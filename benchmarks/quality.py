@@ -105,16 +105,6 @@ def parse_marks(text: str) -> list[float]:
     return marks
 
 
-def snapshot_steps(workdir: str) -> list[int]:
-    """Steps of the parameter snapshots the run saved on SIGUSR1, ascending."""
-    from transformer_jax.training.checkpoints import SNAPSHOT_DIR
-
-    directory = os.path.join(workdir, SNAPSHOT_DIR)
-    if not os.path.isdir(directory):
-        return []
-    return sorted(int(name) for name in os.listdir(directory) if name.isdigit())
-
-
 def evaluate(
     workdir: str, split: str, beams: list[int], checkpoint: str, minutes: float
 ) -> list[dict[str, Any]]:
@@ -236,7 +226,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     step = list_steps(workdir)[-1]
     scores = []
-    for minutes, snapshot in zip(marks, snapshot_steps(workdir), strict=False):
+    snapshots = list_steps(workdir, SNAPSHOT_DIR) if len(marks) > 1 else []
+    for minutes, snapshot in zip(marks, snapshots, strict=False):
         scores += evaluate(workdir, args.test_split, beams, f"{SNAPSHOT_DIR}/{snapshot}", minutes)
     scores += evaluate(workdir, args.test_split, beams, "latest", marks[-1])
     if args.average > 1:

@@ -110,20 +110,13 @@ def load(workdir: str, checkpoint: str) -> tuple[Any, TransformerConfig, Any, To
     ``checkpoint`` is ``'latest'``, ``'averaged'``, a step number (as text) or
     ``'snapshots/STEP'``.
     """
-    from transformer_jax.training.checkpoints import SNAPSHOT_DIR, load_run
+    from transformer_jax.training.checkpoints import load_run, parse_checkpoint
 
     if not os.path.isdir(workdir):
         raise ValueError(f"workdir {workdir!r} does not exist")
-    which: str | int = int(checkpoint) if checkpoint.isdigit() else checkpoint
-    directory, _, step = checkpoint.partition("/")
-    if which not in ("latest", "averaged") and not isinstance(which, int):
-        if directory != SNAPSHOT_DIR or not step.isdigit():
-            raise ValueError(
-                "--checkpoint must be 'latest', 'averaged', a step or 'snapshots/STEP', "
-                f"got {checkpoint!r}"
-            )
+    parse_checkpoint(checkpoint)  # a bad name fails before anything is read
     tokenizer = load_tokenizer(os.path.join(workdir, "tokenizer.model"))
-    run, params, step = load_run(workdir, which)
+    run, params, step = load_run(workdir, checkpoint)
     log.info("loaded %s checkpoint (step %d) from %s", checkpoint, step, workdir)
     return run, from_config_dict(run.model), params, tokenizer
 

@@ -98,11 +98,12 @@ class Checkpointer:
         self.manager.close()
 
 
-def list_steps(workdir: str) -> list[int]:
-    """Steps of the complete checkpoints in ``{workdir}/checkpoints``, ascending."""
-    directory = os.path.join(workdir, CHECKPOINT_DIR)
+def list_steps(workdir: str, kind: str = CHECKPOINT_DIR) -> list[int]:
+    """Steps of the complete checkpoints in ``{workdir}/{kind}`` (``checkpoints`` or
+    ``snapshots``), ascending."""
+    directory = os.path.join(workdir, kind)
     if not os.path.isdir(directory):
-        raise ValueError(f"no checkpoints in {workdir!r}: {directory} does not exist")
+        raise ValueError(f"no {kind} in {workdir!r}: {directory} does not exist")
     manager = _manager(directory, create=False)
     steps = sorted(manager.all_steps())
     manager.close()
@@ -144,24 +145,36 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
         return ml_collections.ConfigDict(json.load(f))
 
 
+def parse_checkpoint(checkpoint: str | int) -> str | int:
+    """Check a checkpoint name: ``'latest'``, ``'averaged'``, a step number (int or digits)
+    or ``'snapshots/STEP'``; digits become an int. ValueError otherwise."""
+    if isinstance(checkpoint, str) and checkpoint.isdigit():
+        return int(checkpoint)
+    if checkpoint in ("latest", "averaged") or isinstance(checkpoint, int):
+        return checkpoint
+    kind, _, step = str(checkpoint).partition("/")
+    if kind == SNAPSHOT_DIR and step.isdigit():
+        return checkpoint
+    raise ValueError(
+        "checkpoint must be 'latest', 'averaged', a step number or 'snapshots/STEP', "
+        f"got {checkpoint!r}"
+    )
+
+
 def load_run(
     workdir: str, checkpoint: str | int = "latest"
 ) -> tuple[ml_collections.ConfigDict, Any, int]:
     """``(config, params, step)`` of a run: the ``'latest'`` checkpoint, a step number, the
     ``'averaged'`` parameters written by ``transformer_jax.average``, or
     ``'snapshots/STEP'``, parameters saved on SIGUSR1 (see ``training.loop``)."""
+    checkpoint = parse_checkpoint(checkpoint)
     config = load_config(workdir)
-    snapshot = str(checkpoint).split("/")
     if checkpoint == "averaged":
         params, step = _restore_params(os.path.join(workdir, AVERAGED_DIR), None)
     elif checkpoint == "latest" or isinstance(checkpoint, int):
         step = None if checkpoint == "latest" else checkpoint
         params, step = _restore_params(os.path.join(workdir, CHECKPOINT_DIR), step)
-    elif len(snapshot) == 2 and snapshot[0] == SNAPSHOT_DIR and snapshot[1].isdigit():
-        params, step = _restore_params(os.path.join(workdir, SNAPSHOT_DIR), int(snapshot[1]))
     else:
-        raise ValueError(
-            "checkpoint must be 'latest', 'averaged', a step number or 'snapshots/STEP', "
-            f"got {checkpoint!r}"
-        )
+        step = int(checkpoint.partition("/")[2])
+        params, step = _restore_params(os.path.join(workdir, SNAPSHOT_DIR), step)
     return config, params, step

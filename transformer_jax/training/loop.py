@@ -254,7 +254,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
             if signals.snapshot:
                 signals.snapshot = False
                 snapshots = os.path.join(workdir, checkpoints.SNAPSHOT_DIR)
-                checkpoints.save_params(snapshots, dp.unreplicate(state).params, step)
+                checkpoints.save_params(snapshots, dp.unreplicate(state.params), step)
                 bar.write(f"SIGUSR1: saved the parameters of step {step} in {snapshots}")
             if stopping:
                 bar.close()
