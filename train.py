@@ -16,6 +16,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from transformer_jax.training.loop import train_and_evaluate
+from transformer_jax.training.malloc import retain_freed_memory
 from transformer_jax.training.parallel import maybe_initialize_distributed
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -32,6 +33,7 @@ def main(argv: list[str]) -> None:
     name = os.path.splitext(os.path.basename(flags.FLAGS["config"].config_filename))[0]
     workdir = _WORKDIR.value or os.path.join("runs", name)
     logging.set_verbosity(logging.WARNING)  # Orbax logs every file it writes at INFO
+    retain_freed_memory()  # before JAX starts its threads: steps reuse freed pages
     try:
         maybe_initialize_distributed(_MULTIHOST.value)
         train_and_evaluate(_CONFIG.value, workdir)

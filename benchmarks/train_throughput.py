@@ -81,6 +81,7 @@ WARMUP_STEPS = 4000
 VARIANTS = {  # library options compared in one process, alternating with each other
     "default": {},  # jit, threefry dropout keys, reference attention: what train.py runs
     "fused": {"model": {"attention_impl": "fused"}},
+    "scan": {"model": {"scan_layers": True}},  # nn.scan over each stack's layers
     "bf16": {"model": {"dtype": "bfloat16"}},  # bfloat16 compute, float32 parameters
     "bf16-fused": {"model": {"dtype": "bfloat16", "attention_impl": "fused"}},
     "rbg": {"rng_impl": "rbg"},  # dropout masks from XLA's RngBitGenerator
@@ -164,7 +165,9 @@ class JaxStep:
 class TorchWorker:
     """``benchmarks/torch_baseline.py`` in a child process, driven over stdin/stdout."""
 
-    def __init__(self, setting: Setting, threads: int) -> None:
+    def __init__(self, setting: Setting, threads: int, system_malloc: bool) -> None:
+        from transformer_jax.training.malloc import retaining_environment
+
         spec = dict(
             dataclasses.asdict(setting),
             threads=threads,
@@ -172,8 +175,10 @@ class TorchWorker:
             warmup_steps=WARMUP_STEPS,
         )
         script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_baseline.py")
+        env = dict(os.environ, **({} if system_malloc else retaining_environment()))
         self.proc = subprocess.Popen(
             [sys.executable, script, json.dumps(spec)],
+            env=env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -211,7 +216,7 @@ def measure(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
         first[variant] = {"wall": time.perf_counter() - wall, "cpu": time.process_time() - cpu}
     if args.vs_torch:
         wall = time.perf_counter()
-        workers["torch"] = TorchWorker(setting, args.torch_threads)
+        workers["torch"] = TorchWorker(setting, args.torch_threads, args.system_malloc)
         first["torch"] = {"wall": time.perf_counter() - wall, "cpu": float("nan")}
     for worker in workers.values():  # warm-up, untimed
         worker.run(args.warmup)
@@ -257,12 +262,11 @@ def measure(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def compile_times(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """First-step seconds of a training step in fresh processes (nothing compiled before).
-
-    The model unrolls its layers (a Python loop); it offers no ``nn.scan`` over layers.
+    """First-step seconds of a training step in fresh processes (nothing compiled before):
+    layers unrolled (default, and with the fused attention) and scanned (``scan_layers``).
     """
     rows = []
-    for variant in ("default", "fused"):
+    for variant in ("default", "fused", "scan"):
         cmd = [sys.executable, os.path.abspath(__file__), "--configs", args.compile_config]
         cmd += ["--steps", "1", "--rounds", "1", "--warmup", "0", "--variants", variant]
         cmd += ["--no-ceiling", "--quiet-json"]
@@ -272,7 +276,7 @@ def compile_times(args: argparse.Namespace) -> list[dict[str, Any]]:
             {
                 "config": args.compile_config,
                 "variant": variant,
-                "layers": "unrolled",
+                "layers": "nn.scan" if variant == "scan" else "unrolled",
                 "first_step_s": result["first_step_s"],
                 "first_step_cpu_s": result["first_step_cpu_s"],
             }
@@ -295,6 +299,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--compile", action="store_true", help="first-step seconds in fresh processes"
     )
     parser.add_argument("--compile-config", default="small")
+    parser.add_argument(
+        "--system-malloc",
+        action="store_true",
+        help="leave glibc malloc as it is (train.py and, by default, this script and its "
+        "torch process call transformer_jax.training.malloc.retain_freed_memory)",
+    )
     parser.add_argument("--no-ceiling", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--quiet-json", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--smoke", action="store_true", help="tiny model, one timed step")
@@ -313,6 +323,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if getattr(args, flag) < 1:
             raise ValueError(f"--{flag} must be >= 1")
 
+    if not args.system_malloc:
+        from transformer_jax.training.malloc import retain_freed_memory
+
+        retain_freed_memory()  # as train.py does, before the first JAX computation
     info = machine()
     size = 256 if args.smoke else 2048
     ceiling = float("nan") if args.no_ceiling else matmul_ceiling(size)
@@ -374,7 +388,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 ],
             )
         )
-        print("nn.scan over layers: not offered by the model (its layers are a Python loop).")
     write_json(args.json, payload)
     return payload
 

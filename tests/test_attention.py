@@ -1,6 +1,7 @@
 """Scaled dot-product attention and multi-head attention: properties from the paper (§3.2)."""
 
 import chex
+import flax.linen
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,6 +13,7 @@ from transformer_jax.attention import (
     causal_mask,
     combine_masks,
     padding_mask,
+    position_wise,
     scaled_dot_product_attention,
     segment_mask,
 )
@@ -168,6 +170,36 @@ def test_self_attention_without_positions_is_permutation_equivariant():
     out = mha.apply(params, x)
     out_perm = mha.apply(params, x[:, perm])
     np.testing.assert_allclose(out_perm, out[:, perm], atol=1e-5)
+
+
+def test_position_wise_equals_the_layer_applied_directly():
+    """Flattening positions to one axis changes nothing a position-wise layer computes."""
+    x = jax.random.normal(jax.random.key(0), (2, 3, 4, 5))
+    dense = flax.linen.DenseGeneral(features=(2, 3), axis=(-2, -1))
+    params = dense.init(jax.random.key(1), x)
+    out = position_wise(lambda h: dense.apply(params, h), x, feature_axes=2)
+    chex.assert_shape(out, (2, 3, 2, 3))
+    np.testing.assert_allclose(out, dense.apply(params, x), rtol=1e-6, atol=1e-6)
+
+
+def test_multi_head_is_concat_of_heads_times_w_o():
+    """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O, head_i = Attention(Q W_i^Q, ...)
+    (§3.2.2), from the parameters by hand; they keep their [d_model, heads, d_k] and
+    [heads, d_v, d_model] layout."""
+    x = jax.random.normal(jax.random.key(0), (2, 5, 16))
+    y = jax.random.normal(jax.random.key(2), (2, 7, 16))
+    mha = MultiHeadAttention(num_heads=4, qk_dim=3, v_dim=2)
+    params = mha.init(jax.random.key(1), x, y)["params"]
+    w_q, w_k = params["query"]["kernel"], params["key"]["kernel"]
+    w_v, w_o = params["value"]["kernel"], params["out"]["kernel"]
+    chex.assert_shape((w_q, w_k, w_v, w_o), ((16, 4, 3), (16, 4, 3), (16, 4, 2), (4, 2, 16)))
+    heads = []
+    for i in range(4):
+        q, k, v = x @ w_q[:, i], y @ w_k[:, i], y @ w_v[:, i]
+        weights = jax.nn.softmax(q @ jnp.swapaxes(k, 1, 2) / np.sqrt(3), axis=-1)
+        heads.append(weights @ v)
+    expected = jnp.concatenate(heads, axis=-1) @ w_o.reshape(8, 16)
+    np.testing.assert_allclose(mha.apply({"params": params}, x, y), expected, atol=1e-5)
 
 
 def test_multi_head_sows_weights():

@@ -164,6 +164,19 @@ def _fused_attention(
 
 
 # ------------------------------------------------------------- multi-head attention
+def position_wise(layer: Callable[[Array], Array], x: Array, feature_axes: int = 1) -> Array:
+    """``layer(x)`` computed on ``x`` flattened to ``[positions, *features]`` (§3.3).
+
+    Position-wise layers treat every position alike, so this equals ``layer(x)``; XLA's
+    CPU backend runs the flattened form as plain matrix products, where on
+    ``[batch, length, ...]`` inputs it emitted batched products and layout copies (the
+    training step is ~1.1x faster; ``benchmarks/train_throughput.py``).
+    """
+    lead = x.shape[: x.ndim - feature_axes]
+    y = layer(x.reshape((-1,) + x.shape[x.ndim - feature_axes :]))
+    return y.reshape(lead + y.shape[1:])
+
+
 class MultiHeadAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O (paper §3.2.2).
 
@@ -207,9 +220,9 @@ class MultiHeadAttention(nn.Module):
             kernel_init=self.kernel_init,
             name=name,
         )
-        q = proj("query", self.qk_dim)(inputs_q)
-        k = proj("key", self.qk_dim)(inputs_kv)
-        v = proj("value", self.v_dim)(inputs_kv)
+        q = position_wise(proj("query", self.qk_dim), inputs_q)
+        k = position_wise(proj("key", self.qk_dim), inputs_kv)
+        v = position_wise(proj("value", self.v_dim), inputs_kv)
 
         if self.decode:
             k, v, mask = self._update_cache(k, v, mask)
@@ -232,7 +245,7 @@ class MultiHeadAttention(nn.Module):
             result, weights = result
             self.sow("intermediates", "attention_weights", weights)
         out_dim = self.out_dim if self.out_dim is not None else inputs_q.shape[-1]
-        return nn.DenseGeneral(
+        out = nn.DenseGeneral(
             features=out_dim,
             axis=(-2, -1),
             use_bias=False,
@@ -240,7 +253,8 @@ class MultiHeadAttention(nn.Module):
             param_dtype=self.param_dtype,
             kernel_init=self.kernel_init,
             name="out",
-        )(result)
+        )
+        return position_wise(out, result, feature_axes=2)
 
     def _update_cache(self, k: Array, v: Array, mask: Array | None) -> tuple[Array, Array, Array]:
         """Write this step's key/value at ``cache_index`` and mask out unwritten slots."""

@@ -23,7 +23,8 @@ class TransformerConfig:
     positions, one shared 37,000-token vocabulary with tied embedding and pre-softmax
     weights (§3.4). Deviations used by later work are switches: ``norm='pre'``,
     ``positional='learned'``, ``attention_impl='fused'`` (``'cudnn'`` on GPU),
-    ``dtype=bfloat16``.
+    ``dtype=bfloat16``; ``scan_layers=True`` compiles each stack's layer once (its
+    parameters are then stacked under ``layers`` instead of ``layer_0`` ... ``layer_{N-1}``).
     Variants are made with ``config.replace(decode=True)``.
     """
 
@@ -50,6 +51,7 @@ class TransformerConfig:
     attention_impl: str = "reference"
     decode: bool = False  # incremental decoding over the KV cache
     sow_attention_weights: bool = False  # store weights in the 'intermediates' collection
+    scan_layers: bool = False  # nn.scan over each stack: compile one layer, params stacked
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "num_heads", "d_ff", "max_len"):

@@ -264,12 +264,15 @@ def _reorder(cache: Any, rows: Array) -> Any:
     """Gather the self-attention cache rows of the surviving beams.
 
     Counters (scalars) are shared; the encoder-decoder keys/values are the same for all
-    beams of a sentence, so they are left in place.
+    beams of a sentence, so they are left in place. Caches of scanned layers
+    (``scan_layers``) have a leading layer axis.
     """
 
     def gather(path, x):
-        if x.ndim == 0 or any(getattr(p, "key", None) == "cross_attention" for p in path):
+        keys = [getattr(p, "key", None) for p in path]
+        batch_axis = int("layers" in keys)
+        if x.ndim == batch_axis or "cross_attention" in keys:
             return x
-        return jnp.take(x, rows, axis=0)
+        return jnp.take(x, rows, axis=batch_axis)
 
     return jax.tree_util.tree_map_with_path(gather, cache)

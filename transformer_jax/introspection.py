@@ -50,9 +50,12 @@ def attention_maps(
     sown = _sown_weights(
         cfg, variables, src, tgt_in, src_segments, tgt_segments, src_positions, tgt_positions
     )
-    layer = lambda stack, i, name: np.asarray(  # noqa: E731
-        sown[stack][f"layer_{i}"][name]["attention_weights"][0]
-    )
+
+    def layer(stack: str, i: int, name: str) -> np.ndarray:
+        if cfg.scan_layers:  # one array with a leading layer axis
+            return np.asarray(sown[stack]["layers"][name]["attention_weights"][0][i])
+        return np.asarray(sown[stack][f"layer_{i}"][name]["attention_weights"][0])
+
     return {
         "encoder": [layer("encoder", i, "self_attention") for i in range(cfg.num_encoder_layers)],
         "decoder_self": [

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import flax.linen as nn
 import jax
 
-from transformer_jax.attention import MultiHeadAttention
+from transformer_jax.attention import MultiHeadAttention, position_wise
 from transformer_jax.config import TransformerConfig
 from transformer_jax.dropout import Dropout
 
@@ -41,7 +41,8 @@ class FeedForward(nn.Module):
             kernel_init=nn.initializers.xavier_uniform(),
             name=name,
         )
-        return dense(x.shape[-1], "w2")(nn.relu(dense(cfg.d_ff, "w1")(x)))
+        w1, w2 = dense(cfg.d_ff, "w1"), dense(x.shape[-1], "w2")
+        return position_wise(lambda h: w2(nn.relu(w1(h))), x)
 
 
 def attention(config: TransformerConfig, *, decode: bool = False, name: str) -> MultiHeadAttention:

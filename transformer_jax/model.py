@@ -8,6 +8,9 @@ Optional ``*_segments`` / ``*_positions`` describe packed sequences (segment 0 =
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -58,8 +61,14 @@ class Encoder(nn.Module):
         )(embed(src), positions)
         x = Dropout(cfg.dropout_rate)(x, deterministic)
         mask = encoder_mask(src, cfg.pad_id, segments)
-        for i in range(cfg.num_encoder_layers):
-            x = EncoderLayer(cfg, name=f"layer_{i}")(x, mask, deterministic)
+        x = layer_stack(
+            cfg,
+            lambda name: EncoderLayer(cfg, name=name),
+            cfg.num_encoder_layers,
+            x,
+            mask,
+            deterministic,
+        )
         if cfg.norm == "pre":
             x = layer_norm(cfg, name="final_norm")(x)
         return x
@@ -111,10 +120,16 @@ class Decoder(nn.Module):
             if src is None:
                 raise ValueError("decoding against `encoded` needs `src` token ids for its mask")
             cross_mask = cross_attention_mask(src, cfg.pad_id, src_segments, tgt_segments)
-        for i in range(cfg.num_decoder_layers):
-            x = DecoderLayer(cfg, name=f"layer_{i}")(
-                x, self_mask, encoded, cross_mask, deterministic
-            )
+        x = layer_stack(
+            cfg,
+            lambda name: DecoderLayer(cfg, name=name),
+            cfg.num_decoder_layers,
+            x,
+            self_mask,
+            encoded,
+            cross_mask,
+            deterministic,
+        )
         if cfg.norm == "pre":
             x = layer_norm(cfg, name="final_norm")(x)
 
@@ -125,6 +140,39 @@ class Decoder(nn.Module):
                 cfg.tgt_vocab, dtype=cfg.dtype, param_dtype=cfg.param_dtype, name="logits"
             )(x)
         return logits.astype(jnp.float32)
+
+
+def layer_stack(
+    config: TransformerConfig,
+    make_layer: Callable[[str], nn.Module],
+    count: int,
+    x: Array,
+    *args: Any,
+) -> Array:
+    """``count`` identical layers applied in turn to ``x`` (each also given ``args``).
+
+    Unrolled, layer i is the module ``layer_{i}``. With ``config.scan_layers`` they are one
+    ``nn.scan`` named ``layers``: parameters (and KV caches, sown weights) are stacked on
+    a leading layer axis and XLA compiles the layer once instead of ``count`` times.
+    """
+    if not config.scan_layers:
+        for i in range(count):
+            x = make_layer(f"layer_{i}")(x, *args)
+        return x
+    if count == 0:
+        return x
+    scan = nn.scan(
+        _apply_layer,
+        variable_axes={"params": 0, "cache": 0, "intermediates": 0},
+        split_rngs={"params": True, "dropout": True},
+        in_axes=nn.broadcast,
+        length=count,
+    )
+    return scan(make_layer("layers"), x, *args)[0]
+
+
+def _apply_layer(layer: nn.Module, x: Array, *args: Any) -> tuple[Array, None]:
+    return layer(x, *args), None
 
 
 def encoder_mask(src: Array, pad_id: int, segments: Array | None = None) -> Array:
