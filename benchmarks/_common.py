@@ -79,9 +79,9 @@ def summary(times: Sequence[float]) -> dict[str, float]:
     return {"median": statistics.median(times), "min": min(times), "max": max(times)}
 
 
-def matmul_ceiling(size: int = 2048, repeats: int = 5) -> float:
-    """Measured float32 FLOP/s of a jitted ``[size, size] @ [size, size]`` (the best of
-    ``repeats`` runs).
+def matmul_ceiling(size: int = 2048, repeats: int = 5, precision: str = "float32") -> float:
+    """Measured FLOP/s of a jitted ``[size, size] @ [size, size]`` (the best of ``repeats``
+    runs): float32, or bfloat16 operands accumulated in float32 (``precision``).
 
     The denominator of model FLOPs utilisation (MFU): what this machine's XLA reaches on
     the most favourable dense kernel, rather than a datasheet number.
@@ -89,9 +89,10 @@ def matmul_ceiling(size: int = 2048, repeats: int = 5) -> float:
     import jax
     import jax.numpy as jnp
 
-    a = jax.random.normal(jax.random.PRNGKey(0), (size, size), jnp.float32)
-    b = jax.random.normal(jax.random.PRNGKey(1), (size, size), jnp.float32)
-    matmul = jax.jit(jnp.matmul)
+    dtype = jnp.float32 if precision == "float32" else jnp.bfloat16
+    a = jax.random.normal(jax.random.PRNGKey(0), (size, size), dtype)
+    b = jax.random.normal(jax.random.PRNGKey(1), (size, size), dtype)
+    matmul = jax.jit(lambda a, b: jnp.matmul(a, b, preferred_element_type=jnp.float32))
     matmul(a, b).block_until_ready()
     times = time_calls(lambda: matmul(a, b).block_until_ready(), repeats)
     return 2 * size**3 / min(times)

@@ -10,7 +10,9 @@ passed as in a real batch (the batch has no padding, as on the JAX side).
 
 Run by ``train_throughput.py`` as a child process: argv[1] is a JSON spec
 (``model``, ``batch``, ``src_len``, ``tgt_len``, ``threads``, ``label_smoothing``,
-``warmup_steps``); each line ``n`` on stdin runs n steps and answers one JSON line
+``warmup_steps``, ``matmul_precision``: ``'bfloat16'`` sets oneDNN's
+``fp32_precision = "bf16"``, the library's ``matmul_precision='bfloat16'``); each line
+``n`` on stdin runs n steps and answers one JSON line
 ``{"times": [seconds, ...], "cpu": [process CPU seconds, ...]}``. PyTorch is the optional
 extra ``pip install -e .[torch]``.
 """
@@ -108,6 +110,8 @@ def smoothed_loss(
 def build(spec: dict[str, Any]) -> Any:
     """A ``step()`` closure: one training step on a fixed random batch."""
     torch.set_num_threads(spec["threads"])
+    if spec["matmul_precision"] == "bfloat16":  # oneDNN rounds float32 matmul inputs
+        torch.backends.mkldnn.matmul.fp32_precision = "bf16"
     torch.manual_seed(0)
     cfg = dict(spec["model"])
     model = TorchTransformer(

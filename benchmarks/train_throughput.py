@@ -84,6 +84,7 @@ VARIANTS = {  # library options compared in one process, alternating with each o
     "scan": {"model": {"scan_layers": True}},  # nn.scan over each stack's layers
     "bf16": {"model": {"dtype": "bfloat16"}},  # bfloat16 compute, float32 parameters
     "bf16-fused": {"model": {"dtype": "bfloat16", "attention_impl": "fused"}},
+    "bf16-matmul": {"model": {"matmul_precision": "bfloat16"}},  # bf16 operands, f32 rest
     "rbg": {"rng_impl": "rbg"},  # dropout masks from XLA's RngBitGenerator
     "unsafe_rbg": {"rng_impl": "unsafe_rbg"},
     "no-dropout": {"model": {"dropout_rate": 0.0}},  # not a training setting: RNG cost bound
@@ -162,10 +163,17 @@ class JaxStep:
         return times, cpu
 
 
+def precision_of(variant: str) -> str:
+    """The ``matmul_precision`` a variant runs at."""
+    return VARIANTS[variant].get("model", {}).get("matmul_precision", "float32")
+
+
 class TorchWorker:
     """``benchmarks/torch_baseline.py`` in a child process, driven over stdin/stdout."""
 
-    def __init__(self, setting: Setting, threads: int, system_malloc: bool) -> None:
+    def __init__(
+        self, setting: Setting, threads: int, system_malloc: bool, precision: str = "float32"
+    ) -> None:
         from transformer_jax.training.malloc import retaining_environment
 
         spec = dict(
@@ -173,6 +181,7 @@ class TorchWorker:
             threads=threads,
             label_smoothing=LABEL_SMOOTHING,
             warmup_steps=WARMUP_STEPS,
+            matmul_precision=precision,
         )
         script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_baseline.py")
         env = dict(os.environ, **({} if system_malloc else retaining_environment()))
@@ -209,15 +218,20 @@ def measure(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     setting = SETTINGS[name]
     workers: dict[str, Any] = {}
     first: dict[str, dict[str, float]] = {}
+    precision: dict[str, str] = {}
     for variant in args.variants.split(","):
         workers[variant] = JaxStep(setting, variant)  # parameters and Adam state, untimed
         wall, cpu = time.perf_counter(), time.process_time()
         workers[variant].step()  # traces, compiles and runs the step
         first[variant] = {"wall": time.perf_counter() - wall, "cpu": time.process_time() - cpu}
-    if args.vs_torch:
-        wall = time.perf_counter()
-        workers["torch"] = TorchWorker(setting, args.torch_threads, args.system_malloc)
-        first["torch"] = {"wall": time.perf_counter() - wall, "cpu": float("nan")}
+        precision[variant] = precision_of(variant)
+    if args.vs_torch:  # one torch process per matmul precision the variants use
+        for p in dict.fromkeys(precision.values()):
+            key = "torch" if p == "float32" else "torch bf16-matmul"
+            wall = time.perf_counter()
+            workers[key] = TorchWorker(setting, args.torch_threads, args.system_malloc, p)
+            first[key] = {"wall": time.perf_counter() - wall, "cpu": float("nan")}
+            precision[key] = p
     for worker in workers.values():  # warm-up, untimed
         worker.run(args.warmup)
     times: dict[str, list[float]] = {k: [] for k in workers}
@@ -227,8 +241,9 @@ def measure(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
             wall_s, cpu_s = worker.run(args.steps)
             times[key] += wall_s
             cpu[key] += cpu_s
-    if "torch" in workers:
-        workers["torch"].close()
+    for worker in workers.values():
+        if isinstance(worker, TorchWorker):
+            worker.close()
 
     config = next(iter(workers.values())).config
     flops = training_flops(config, setting.src_len, setting.tgt_len, setting.batch)
@@ -240,6 +255,7 @@ def measure(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
             {
                 "config": name,
                 "variant": key,
+                "matmul_precision": precision[key],
                 "batch": f"{setting.batch}x{setting.src_len}+{setting.tgt_len}",
                 "first_step_s": first[key]["wall"],
                 "first_step_cpu_s": first[key]["cpu"],
@@ -329,16 +345,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         retain_freed_memory()  # as train.py does, before the first JAX computation
     info = machine()
     size = 256 if args.smoke else 2048
-    ceiling = float("nan") if args.no_ceiling else matmul_ceiling(size)
+    precisions = list(dict.fromkeys(precision_of(v) for v in args.variants.split(",")))
+    ceiling = {p: float("nan") for p in precisions}
+    if not args.no_ceiling:
+        ceiling = {p: matmul_ceiling(size, precision=p) for p in precisions}
     results = [row for name in names for row in measure(name, args)]
     if not args.no_ceiling:  # before and after: the better one is closer to the machine's
-        ceiling = max(ceiling, matmul_ceiling(size))
-    for row in results:
-        row["mfu"] = row["gflops_per_s"] * 1e9 / ceiling
+        ceiling = {p: max(c, matmul_ceiling(size, precision=p)) for p, c in ceiling.items()}
+    for row in results:  # against the ceiling of the row's own matmul precision
+        row["mfu"] = row["gflops_per_s"] * 1e9 / ceiling[row["matmul_precision"]]
     compiled = compile_times(args) if args.compile else []
     payload = {
         "machine": info,
-        "matmul_ceiling_gflops": ceiling / 1e9,
+        "matmul_ceiling_gflops": {p: c / 1e9 for p, c in ceiling.items()},
         "results": results,
         "compile": compiled,
     }
@@ -347,10 +366,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return payload
 
     print(f"machine: {describe_machine(info)}")
-    print(
-        f"float32 matmul ceiling: {ceiling / 1e9:.1f} GFLOP/s "
-        f"(jitted {size}^3 matmul, best of 5 before and 5 after the steps)"
-    )
+    for p, c in ceiling.items():
+        print(
+            f"{p} matmul ceiling: {c / 1e9:.1f} GFLOP/s (jitted {size}^3 matmul"
+            f"{', float32 accumulation' if p != 'float32' else ''}, best of 5 before and 5 "
+            "after the steps; the MFU of rows at this matmul precision)"
+        )
     rows = [
         [
             r["config"],

@@ -41,6 +41,17 @@ def test_train_throughput_vs_torch_smoke():
     assert torch_row["variant"] == "torch" and torch_row["speed_vs_first"] > 0
 
 
+def test_train_throughput_bf16_matmul_row_uses_its_own_ceiling():
+    payload = _script("train_throughput").main(["--smoke", "--variants", "default,bf16-matmul"])
+    rows = {row["variant"]: row for row in payload["results"]}
+    assert rows["bf16-matmul"]["matmul_precision"] == "bfloat16"
+    ceilings = payload["matmul_ceiling_gflops"]
+    assert set(ceilings) == {"float32", "bfloat16"}
+    for row in rows.values():
+        expected = row["gflops_per_s"] / ceilings[row["matmul_precision"]]
+        assert abs(row["mfu"] - expected) <= 1e-9 * expected
+
+
 def test_train_throughput_rejects_unknown_config():
     with pytest.raises(ValueError, match="--configs"):
         _script("train_throughput").main(["--configs", "huge"])

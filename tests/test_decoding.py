@@ -45,7 +45,11 @@ def lengths(src):
 
 @pytest.mark.parametrize(
     "variant",
-    [{}, {"norm": "pre", "positional": "learned", "attention_impl": "fused", "tie_output": True}],
+    [
+        {},
+        {"norm": "pre", "positional": "learned", "attention_impl": "fused", "tie_output": True},
+        {"matmul_precision": "bfloat16"},
+    ],
 )
 def test_cached_steps_equal_full_decoder_pass(variant):
     cfg = CFG.replace(vocab_size=11, **variant)

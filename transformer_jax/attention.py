@@ -14,6 +14,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from transformer_jax import matmul
 from transformer_jax.dropout import dropout
 
 Array = jax.Array
@@ -57,14 +58,18 @@ def attention_weights(
     q: Array,
     k: Array,
     mask: Array | None = None,
+    matmul_precision: str = "float32",
 ) -> Array:
     """softmax(Q K^T / sqrt(d_k)) as float32 ``[batch, heads, q_len, kv_len]`` (Eq. 1).
 
     Masked positions get weight 0; a query whose keys are all masked gets an
-    all-zero row (never NaN).
+    all-zero row (never NaN). ``matmul_precision``: see :mod:`transformer_jax.matmul`.
     """
     scale = q.shape[-1] ** -0.5
-    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) * scale
+    scores = matmul.einsum(
+        "bqhd,bkhd->bhqk", q, k, matmul_precision, preferred_element_type=jnp.float32
+    )
+    scores = scores * scale
     if mask is None:
         return jax.nn.softmax(scores, axis=-1)
     scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
@@ -82,6 +87,7 @@ def scaled_dot_product_attention(
     dropout_rng: Array | None = None,
     deterministic: bool = True,
     return_weights: bool = False,
+    matmul_precision: str = "float32",
 ) -> Array | tuple[Array, Array]:
     """Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V (paper Eq. 1).
 
@@ -96,6 +102,8 @@ def scaled_dot_product_attention(
         float16/bfloat16 inputs only).
       dropout_rate: dropout on the attention weights (reference only).
       return_weights: also return the float32 weights (reference only).
+      matmul_precision: operand precision of the reference path's two products
+        (:mod:`transformer_jax.matmul`); the fused paths compute in the inputs' dtype.
 
     Returns:
       ``[batch, q_len, heads, d_v]`` in ``v.dtype`` (and the weights if asked).
@@ -129,14 +137,14 @@ def scaled_dot_product_attention(
             )
         return _fused_attention(q, k, v, mask, "cudnn" if impl == "cudnn" else None)
 
-    weights = attention_weights(q, k, mask)
+    weights = attention_weights(q, k, mask, matmul_precision)
     if use_dropout:
         if dropout_rng is None:
             raise ValueError("dropout_rng is required when dropout_rate > 0 and not deterministic")
         weights_dropped = dropout(weights, dropout_rate, dropout_rng)
     else:
         weights_dropped = weights
-    out = jnp.einsum("bhqk,bkhd->bqhd", weights_dropped.astype(v.dtype), v)
+    out = matmul.einsum("bhqk,bkhd->bqhd", weights_dropped.astype(v.dtype), v, matmul_precision)
     return (out, weights) if return_weights else out
 
 
@@ -200,6 +208,7 @@ class MultiHeadAttention(nn.Module):
     sow_weights: bool = False
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
+    matmul_precision: str = "float32"
     kernel_init: Callable = nn.initializers.xavier_uniform()
 
     @nn.compact
@@ -218,6 +227,7 @@ class MultiHeadAttention(nn.Module):
             dtype=self.dtype,
             param_dtype=self.param_dtype,
             kernel_init=self.kernel_init,
+            dot_general=matmul.dot_general(self.matmul_precision),
             name=name,
         )
         q = position_wise(proj("query", self.qk_dim), inputs_q)
@@ -240,6 +250,7 @@ class MultiHeadAttention(nn.Module):
             dropout_rng=dropout_rng,
             deterministic=deterministic,
             return_weights=self.sow_weights,
+            matmul_precision=self.matmul_precision,
         )
         if self.sow_weights:
             result, weights = result
@@ -252,6 +263,7 @@ class MultiHeadAttention(nn.Module):
             dtype=self.dtype,
             param_dtype=self.param_dtype,
             kernel_init=self.kernel_init,
+            dot_general=matmul.dot_general(self.matmul_precision),
             name="out",
         )
         return position_wise(out, result, feature_axes=2)

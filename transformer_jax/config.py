@@ -8,6 +8,7 @@ from typing import Any
 import jax.numpy as jnp
 
 from transformer_jax.attention import ATTENTION_IMPLS
+from transformer_jax.matmul import MATMUL_PRECISIONS
 
 NORMS = ("post", "pre")
 POSITIONALS = ("sinusoidal", "learned")
@@ -23,7 +24,8 @@ class TransformerConfig:
     positions, one shared 37,000-token vocabulary with tied embedding and pre-softmax
     weights (§3.4). Deviations used by later work are switches: ``norm='pre'``,
     ``positional='learned'``, ``attention_impl='fused'`` (``'cudnn'`` on GPU),
-    ``dtype=bfloat16``; ``scan_layers=True`` compiles each stack's layer once (its
+    ``dtype=bfloat16`` (or only the matrix products' operands: ``matmul_precision``,
+    :mod:`transformer_jax.matmul`); ``scan_layers=True`` compiles each stack's layer once (its
     parameters are then stacked under ``layers`` instead of ``layer_0`` ... ``layer_{N-1}``).
     Variants are made with ``config.replace(decode=True)``.
     """
@@ -48,6 +50,7 @@ class TransformerConfig:
     pad_id: int = 0
     dtype: Any = jnp.float32  # compute dtype; softmax, LayerNorm stats and loss stay float32
     param_dtype: Any = jnp.float32
+    matmul_precision: str = "float32"  # 'bfloat16': products of bfloat16-rounded operands
     attention_impl: str = "reference"
     decode: bool = False  # incremental decoding over the KV cache
     sow_attention_weights: bool = False  # store weights in the 'intermediates' collection
@@ -74,6 +77,7 @@ class TransformerConfig:
         _choice("norm", self.norm, NORMS)
         _choice("positional", self.positional, POSITIONALS)
         _choice("attention_impl", self.attention_impl, ATTENTION_IMPLS)
+        _choice("matmul_precision", self.matmul_precision, MATMUL_PRECISIONS)
         if self.attention_impl != "reference" and (
             self.attention_dropout_rate > 0 or self.sow_attention_weights
         ):

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from transformer_jax import matmul
 
 Array = jax.Array
 
@@ -41,6 +44,7 @@ class Embed(nn.Module):
     d_model: int
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
+    matmul_precision: str = "float32"  # of attend's product (transformer_jax.matmul)
 
     def setup(self) -> None:
         self.embedding = self.param(
@@ -56,29 +60,30 @@ class Embed(nn.Module):
 
     def attend(self, x: Array) -> Array:
         """Logits ``x E^T`` over the vocabulary."""
-        return tied_logits(x, jnp.asarray(self.embedding, self.dtype))
+        return tied_logits(x, jnp.asarray(self.embedding, self.dtype), self.matmul_precision)
 
 
-@jax.custom_vjp
-def tied_logits(x: Array, embedding: Array) -> Array:
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def tied_logits(x: Array, embedding: Array, precision: str = "float32") -> Array:
     """``x E^T``: ``[..., d_model] x [vocab, d_model] -> [..., vocab]``.
 
     A custom VJP that forms the embedding's gradient as ``(x^T g)^T``, transposing the
     small ``[d_model, vocab]`` product; XLA's own derivative on CPU transposed the
     ``[tokens, vocab]`` logit gradient instead, the costliest copy of a training step.
+    ``precision``: the products' operand precision (:mod:`transformer_jax.matmul`).
     """
-    return jnp.einsum("...d,vd->...v", x, embedding)
+    return matmul.product("...d,vd->...v", x, embedding, precision).astype(x.dtype)
 
 
-def _tied_logits_fwd(x: Array, embedding: Array) -> tuple[Array, tuple[Array, Array]]:
-    return tied_logits(x, embedding), (x, embedding)
+def _tied_logits_fwd(x: Array, embedding: Array, precision: str) -> tuple[Array, tuple]:
+    return tied_logits(x, embedding, precision), (x, embedding)
 
 
-def _tied_logits_bwd(residuals: tuple[Array, Array], g: Array) -> tuple[Array, Array]:
+def _tied_logits_bwd(precision: str, residuals: tuple[Array, Array], g: Array) -> tuple:
     x, embedding = residuals
-    grad_x = jnp.einsum("...v,vd->...d", g, embedding)
-    grad_embedding = jnp.einsum("...d,...v->dv", x, g).T
-    return grad_x, grad_embedding.astype(embedding.dtype)
+    grad_x = matmul.product("...v,vd->...d", g, embedding, precision)
+    grad_embedding = matmul.product("...d,...v->dv", x, g, precision).T
+    return grad_x.astype(x.dtype), grad_embedding.astype(embedding.dtype)
 
 
 tied_logits.defvjp(_tied_logits_fwd, _tied_logits_bwd)

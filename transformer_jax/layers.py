@@ -14,6 +14,7 @@ from collections.abc import Callable
 import flax.linen as nn
 import jax
 
+from transformer_jax import matmul
 from transformer_jax.attention import MultiHeadAttention, position_wise
 from transformer_jax.config import TransformerConfig
 from transformer_jax.dropout import Dropout
@@ -39,6 +40,7 @@ class FeedForward(nn.Module):
             dtype=cfg.dtype,
             param_dtype=cfg.param_dtype,
             kernel_init=nn.initializers.xavier_uniform(),
+            dot_general=matmul.dot_general(cfg.matmul_precision),
             name=name,
         )
         w1, w2 = dense(cfg.d_ff, "w1"), dense(x.shape[-1], "w2")
@@ -57,6 +59,7 @@ def attention(config: TransformerConfig, *, decode: bool = False, name: str) -> 
         sow_weights=config.sow_attention_weights,
         dtype=config.dtype,
         param_dtype=config.param_dtype,
+        matmul_precision=config.matmul_precision,
         name=name,
     )
 

@@ -15,6 +15,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from transformer_jax import matmul
 from transformer_jax.attention import causal_mask, combine_masks, padding_mask, segment_mask
 from transformer_jax.config import TransformerConfig, from_config_dict
 from transformer_jax.dropout import Dropout
@@ -27,7 +28,14 @@ __all__ = ["Decoder", "Encoder", "Transformer", "TransformerConfig", "from_confi
 
 
 def _embed(config: TransformerConfig, vocab_size: int, name: str) -> Embed:
-    return Embed(vocab_size, config.d_model, config.dtype, config.param_dtype, name=name)
+    return Embed(
+        vocab_size,
+        config.d_model,
+        config.dtype,
+        config.param_dtype,
+        config.matmul_precision,
+        name=name,
+    )
 
 
 def _check_tokens(name: str, tokens: Array) -> None:
@@ -137,7 +145,11 @@ class Decoder(nn.Module):
             logits = embed.attend(x)
         else:
             logits = nn.Dense(
-                cfg.tgt_vocab, dtype=cfg.dtype, param_dtype=cfg.param_dtype, name="logits"
+                cfg.tgt_vocab,
+                dtype=cfg.dtype,
+                param_dtype=cfg.param_dtype,
+                dot_general=matmul.dot_general(cfg.matmul_precision),
+                name="logits",
             )(x)
         return logits.astype(jnp.float32)
 

@@ -1,0 +1,140 @@
+"""``matmul_precision='bfloat16'``: products of bfloat16-rounded operands, float32 elsewhere.
+
+The reference for every product is the float32 einsum of operands rounded to bfloat16
+by hand (exact: a product of two bfloat16 numbers fits in float32), so the checks are
+tight (1e-5); the unrounded float32 product differs by far more, so a path that skipped
+the rounding (or rounded the result too) fails them.
+"""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformer_jax import Transformer, TransformerConfig, matmul
+from transformer_jax.embeddings import tied_logits
+from transformer_jax.training.loss import loss_and_metrics
+
+
+def rounded(x):
+    return x.astype(jnp.bfloat16).astype(jnp.float32)
+
+
+def normal(seed, *shape):
+    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), jnp.float32)
+
+
+def close(actual, expected, tol=1e-5):
+    np.testing.assert_allclose(actual, expected, rtol=tol, atol=tol * np.abs(expected).max())
+
+
+SPECS = [  # (spec, a shape, b shape): every product the model takes, by layout
+    ("td,df->tf", (6, 8), (8, 5)),  # x W (Dense)
+    ("td,dhk->thk", (6, 8), (8, 2, 3)),  # x W^Q (DenseGeneral to heads)
+    ("thk,hkd->td", (6, 2, 3), (2, 3, 8)),  # Concat(heads) W^O
+    ("bqhd,bkhd->bhqk", (2, 4, 3, 8), (2, 5, 3, 8)),  # Q K^T
+    ("bhqk,bkhd->bqhd", (2, 3, 4, 5), (2, 5, 3, 8)),  # weights V
+    ("...d,vd->...v", (2, 3, 8), (11, 8)),  # x E^T (tied logits)
+]
+
+
+@pytest.mark.parametrize("spec,a_shape,b_shape", SPECS)
+def test_bfloat16_product_and_both_gradients_use_rounded_operands(spec, a_shape, b_shape):
+    a, b = normal(0, *a_shape), normal(1, *b_shape)
+    out_shape = jax.eval_shape(lambda a, b: jnp.einsum(spec, a, b), a, b).shape
+    g = normal(2, *out_shape)
+    out, vjp = jax.vjp(lambda a, b: matmul.einsum(spec, a, b, "bfloat16"), a, b)
+    grad_a, grad_b = vjp(g)
+    assert out.dtype == grad_a.dtype == grad_b.dtype == jnp.float32
+
+    ref, ref_vjp = jax.vjp(lambda a, b: jnp.einsum(spec, a, b), rounded(a), rounded(b))
+    ref_a, ref_b = ref_vjp(rounded(g))  # dA = G B^T, dB = A^T G, all operands rounded
+    close(out, ref)
+    close(grad_a, ref_a)
+    close(grad_b, ref_b)
+    unrounded = jnp.einsum(spec, a, b)
+    assert np.abs(np.asarray(out - unrounded)).max() > 1e-3 * np.abs(unrounded).max()
+
+
+def test_float32_is_the_plain_einsum_and_bad_precision_raises():
+    a, b = normal(0, 6, 8), normal(1, 8, 5)
+    np.testing.assert_array_equal(matmul.einsum("td,df->tf", a, b), jnp.einsum("td,df->tf", a, b))
+    with pytest.raises(ValueError, match="matmul_precision must be one of"):
+        matmul.einsum("td,df->tf", a, b, "float16")
+    with pytest.raises(ValueError, match="matmul_precision"):
+        TransformerConfig(matmul_precision="tf32")
+
+
+@pytest.mark.parametrize(
+    "dims,a_shape,b_shape",
+    [
+        ((((1,), (0,)), ((), ())), (6, 8), (8, 5)),  # Dense
+        ((((1,), (0,)), ((), ())), (6, 8), (8, 2, 3)),  # DenseGeneral to heads
+        ((((1, 2), (0, 1)), ((), ())), (6, 2, 3), (2, 3, 8)),  # DenseGeneral from heads
+        ((((2,), (1,)), ((0,), (0,))), (4, 6, 8), (4, 8, 5)),  # batched
+    ],
+)
+def test_dot_general_matches_lax_dot_general_on_rounded_operands(dims, a_shape, b_shape):
+    a, b = normal(0, *a_shape), normal(1, *b_shape)
+    ours = matmul.dot_general("bfloat16")(a, b, dims)
+    close(ours, jax.lax.dot_general(rounded(a), rounded(b), dims))
+    assert matmul.dot_general("float32") is jax.lax.dot_general
+    assert matmul.dot_general("bfloat16") is matmul.rounded_dot_general
+
+
+def test_dense_layers_take_the_rounded_product():
+    dense = nn.Dense(5, dot_general=matmul.dot_general("bfloat16"))
+    x = normal(0, 6, 8)
+    params = dense.init(jax.random.PRNGKey(0), x)
+    kernel, bias = params["params"]["kernel"], params["params"]["bias"]
+    close(dense.apply(params, x), rounded(x) @ rounded(kernel) + bias)
+
+
+def test_tied_logits_gradient_at_bfloat16():
+    x, table, g = normal(0, 2, 3, 8), normal(1, 11, 8), normal(2, 2, 3, 11)
+    out, vjp = jax.vjp(lambda x, e: tied_logits(x, e, "bfloat16"), x, table)
+    plain = lambda x, e: jnp.einsum("...d,vd->...v", x, e)  # noqa: E731
+    ref, ref_vjp = jax.vjp(plain, rounded(x), rounded(table))
+    close(out, ref)
+    for ours, expected in zip(vjp(g), ref_vjp(rounded(g)), strict=True):
+        close(ours, expected)
+
+
+CFG = TransformerConfig(
+    vocab_size=16, d_model=16, num_heads=2, d_ff=32, num_encoder_layers=2, num_decoder_layers=2
+)
+SRC = jnp.array([[4, 5, 6, 7, 3], [8, 9, 3, 0, 0]], jnp.int32)
+TGT = jnp.array([[2, 4, 5, 6, 7, 9], [2, 8, 9, 3, 0, 0]], jnp.int32)
+
+
+def loss_and_grads(config, params):
+    model = Transformer(config)
+
+    def loss(p):
+        logits = model.apply({"params": p}, SRC, TGT[:, :-1])
+        return loss_and_metrics(logits, TGT[:, 1:], 0, 0.1)[0]
+
+    return jax.jit(jax.value_and_grad(loss))(params)
+
+
+def test_model_at_bfloat16_matmul_precision_is_close_to_float32_and_not_equal():
+    """Same parameters (the option adds none); logits, loss and gradients within
+    bfloat16 rounding of the float32 model's, and the logits do differ."""
+    fast = CFG.replace(matmul_precision="bfloat16")
+    params = Transformer(CFG).init(jax.random.PRNGKey(0), SRC, TGT[:, :-1])["params"]
+    fast_params = Transformer(fast).init(jax.random.PRNGKey(0), SRC, TGT[:, :-1])["params"]
+    jax.tree.map(np.testing.assert_array_equal, params, fast_params)
+
+    logits = Transformer(CFG).apply({"params": params}, SRC, TGT[:, :-1])
+    fast_logits = Transformer(fast).apply({"params": params}, SRC, TGT[:, :-1])
+    difference = np.abs(np.asarray(fast_logits - logits)).max()
+    assert 1e-4 < difference < 0.05 * np.abs(np.asarray(logits)).max()
+
+    loss, grads = loss_and_grads(CFG, params)
+    fast_loss, fast_grads = loss_and_grads(fast, params)
+    assert abs(float(fast_loss) - float(loss)) < 1e-2 * float(loss)
+    flat, fast_flat = jax.tree.leaves(grads), jax.tree.leaves(fast_grads)
+    for g, fg in zip(flat, fast_flat, strict=True):
+        cosine = float(jnp.vdot(g, fg) / (jnp.linalg.norm(g) * jnp.linalg.norm(fg) + 1e-30))
+        assert cosine > 0.9  # rounding errors compound through the layers (0.96-1.0 here)
