@@ -59,7 +59,7 @@ def product(spec: str, a: Array, b: Array, precision: str) -> Array:
     if precision == "float32":
         return jnp.einsum(spec, a, b)
     a, b = a.astype(jnp.bfloat16), b.astype(jnp.bfloat16)
-    (sa, sb), out = spec.split("->")[0].split(","), spec.split("->")[1]
+    sa, sb, out = _operands(spec)
     minor_contracted = sa[-1] in sb and sa[-1] not in out
     if not minor_contracted and jax.default_backend() == "cpu":
         a, b = a.astype(jnp.float32), b.astype(jnp.float32)
@@ -78,14 +78,20 @@ def _rounded_einsum_fwd(spec: str, dtypes: tuple, a: Array, b: Array) -> tuple[A
 
 def _rounded_einsum_bwd(spec: str, dtypes: tuple, residuals: tuple, g: Array) -> tuple:
     a16, b16 = residuals
-    inputs, out = spec.split("->")
-    sa, sb = inputs.split(",")
+    sa, sb, out = _operands(spec)
     grad_a = product(f"{out},{sb}->{sa}", g, b16, "bfloat16")  # G B^T
     grad_b = product(f"{sa},{out}->{sb}", a16, g, "bfloat16")  # A^T G
     return grad_a.astype(dtypes[0]), grad_b.astype(dtypes[1])
 
 
 _rounded_einsum.defvjp(_rounded_einsum_fwd, _rounded_einsum_bwd)
+
+
+def _operands(spec: str) -> tuple[str, str, str]:
+    """``'ab,bc->ac'`` -> ``('ab', 'bc', 'ac')``."""
+    inputs, out = spec.split("->")
+    sa, sb = inputs.split(",")
+    return sa, sb, out
 
 
 def dot_general(precision: str) -> Any:
