@@ -7,7 +7,9 @@ workdir. The budget counts everything that command does: tokenizer training, enc
 the data, compilation and the steps. When it is spent, the trainer gets SIGTERM, which
 makes the training loop finish its step, save a checkpoint and exit. The newest
 checkpoint is then translated (``transformer_jax.translate.translate_lines``, beam 4 and
-greedy) and scored (``transformer_jax.evaluate.bleu``); with ``--average N`` so is the mean
+greedy) and scored (``transformer_jax.evaluate.bleu``), and its loss, perplexity and accuracy
+on every dev pair are measured (rising dev loss while BLEU stalls is the sign of overfitting
+to tune against); with ``--average N`` so is the mean
 of the last N checkpoints (``transformer_jax.average``, paper §6.1). With ``--minutes 30,60``
 the run also gets SIGUSR1 at 30 minutes, saves its parameters then and goes on; that
 snapshot is scored too: one run reports both budgets. Evaluation is not counted in the
@@ -105,11 +107,27 @@ def parse_marks(text: str) -> list[float]:
     return marks
 
 
+def dev_metrics(workdir: str, checkpoint: str) -> dict[str, float]:
+    """Loss (label-smoothed), perplexity and accuracy of a checkpoint on every pair of the
+    run's dev split (``config.data.eval_split``), measured as ``train.py`` measures them."""
+    from transformer_jax.model import Transformer
+    from transformer_jax.training.loop import evaluate_loss, split_batches
+    from transformer_jax.training.parallel import DataParallel
+    from transformer_jax.translate import load
+
+    config, model_config, params, tokenizer = load(workdir, checkpoint)
+    dp = DataParallel(
+        config.train.parallel, Transformer(model_config), config.train.label_smoothing
+    )
+    batches = split_batches(config, workdir, tokenizer, dp.num_devices, config.data.eval_split)
+    return evaluate_loss(dp, dp.replicate(params), batches)
+
+
 def evaluate(
     workdir: str, split: str, beams: list[int], checkpoint: str, minutes: float
 ) -> list[dict[str, Any]]:
     """sacreBLEU on ``split`` of one checkpoint ('latest', 'averaged' or 'snapshots/STEP',
-    the parameters after ``minutes`` of training), per beam size."""
+    the parameters after ``minutes`` of training), per beam size, with its dev metrics."""
     from transformer_jax.config import from_config_dict
     from transformer_jax.data import load_pairs, load_tokenizer
     from transformer_jax.evaluate import bleu
@@ -119,6 +137,7 @@ def evaluate(
     config, params, step = load_run(workdir, checkpoint)
     model_config = from_config_dict(config.model)
     tokenizer = load_tokenizer(os.path.join(workdir, "tokenizer.model"))
+    dev = dev_metrics(workdir, checkpoint)
     pairs = load_pairs(config.data, split)
     sources, references = [s for s, _ in pairs], [t for _, t in pairs]
     rows = []
@@ -144,6 +163,7 @@ def evaluate(
                 "bleu": float(result.score),
                 "signature": str(getattr(result, "signature", "")),
                 "decode_s": time.perf_counter() - start,
+                **{f"dev_{name}": value for name, value in dev.items()},
                 "example": {
                     "source": sources[0],
                     "reference": references[0],
@@ -256,6 +276,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "beam",
                 "sacreBLEU",
                 "decode s",
+                "dev loss",
+                "dev ppl",
             ],
             [
                 [
@@ -267,6 +289,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     r["beam"],
                     r["bleu"],
                     r["decode_s"],
+                    r["dev_loss"],
+                    r["dev_perplexity"],
                 ]
                 for r in scores
             ],

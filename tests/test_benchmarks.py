@@ -101,7 +101,29 @@ def test_quality_smoke(tmp_path):
         ("averaged", 1),
     ]
     assert all(r["sentences"] == 4 and 0.0 <= r["bleu"] <= 100.0 for r in payload["test"])
+    assert all(
+        r["dev_perplexity"] > 1.0 and 0.0 <= r["dev_accuracy"] <= 1.0 for r in payload["test"]
+    )
     assert payload["loss_curve"] and "loss" in payload["loss_curve"][0]
+
+
+def test_quality_dev_metrics_equal_the_training_loops_final_evaluation(tmp_path):
+    """What quality.py reports for a checkpoint on the dev split is what train.py measured."""
+    quality = _script("quality")  # its helper puts the repository root (configs/) on sys.path
+    from configs.tiny import get_config
+    from transformer_jax.training.loop import train_and_evaluate
+
+    config = get_config()
+    config.model.update(
+        vocab_size=300, d_model=32, num_heads=2, d_ff=64, num_encoder_layers=1, num_decoder_layers=1
+    )
+    config.data.update(tokens_per_batch=256, tokenizer_train_sentences=2000)
+    config.train.update(num_steps=3, warmup_steps=2, eval_sentences=0, final_test=False)
+    result = train_and_evaluate(config, str(tmp_path))
+    dev = quality.dev_metrics(str(tmp_path), "latest")
+    assert result["complete"] and result["eval_loss"] > 0
+    for name in ("loss", "perplexity", "accuracy"):
+        assert dev[name] == pytest.approx(result[f"eval_{name}"], rel=1e-5)
 
 
 def test_quality_budget_marks():

@@ -169,7 +169,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         f"per epoch; vocabulary {tokenizer.vocab_size}; {jax.device_count()} device(s), "
         f"train.parallel={config.train.parallel}"
     )
-    eval_batches = _eval_batches(config, workdir, tokenizer, num_shards, config.data.eval_split)
+    eval_batches = split_batches(config, workdir, tokenizer, num_shards, config.data.eval_split)
     dev_pairs = data_lib.load_pairs(config.data, config.data.eval_split)
     dev_pairs = dev_pairs[: config.train.eval_sentences]
 
@@ -302,7 +302,7 @@ def _test(
 ) -> dict[str, float]:
     """Loss and perplexity on every test pair, BLEU of their translations, a few samples."""
     split = config.data.test_split
-    batches = _eval_batches(config, workdir, tokenizer, num_shards, split)
+    batches = split_batches(config, workdir, tokenizer, num_shards, split)
     pairs = data_lib.load_pairs(config.data, split)
     if config.train.test_sentences:
         pairs = pairs[: config.train.test_sentences]
@@ -317,7 +317,7 @@ def _test(
     return {f"test_{k}": v for k, v in test.items()}
 
 
-def _eval_batches(
+def split_batches(
     config: ml_collections.ConfigDict, workdir: str, tokenizer: Any, num_shards: int, split: str
 ) -> list[dict]:
     """Every pair of ``split`` once, batched like training (packed or bucketed)."""

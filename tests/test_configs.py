@@ -1,0 +1,34 @@
+"""Every file in ``configs/`` passes train.py's validation; base and big are the paper's."""
+
+import importlib.util
+import os
+
+import pytest
+
+from transformer_jax.config import TransformerConfig
+from transformer_jax.training.validation import validate_config
+
+CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+
+
+def load(name):
+    spec = importlib.util.spec_from_file_location(f"config_{name}", f"{CONFIGS}/{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config()
+
+
+@pytest.mark.parametrize("name", sorted(f[:-3] for f in os.listdir(CONFIGS) if f.endswith(".py")))
+def test_config_file_is_valid(name, tmp_path):
+    config = load(name)
+    if config.data.source == "text":  # the data directory is not part of the project
+        config.data.text_dir = str(tmp_path)
+    model = validate_config(config)
+    assert model.vocab_size == config.model.vocab_size
+
+
+def test_base_and_big_are_the_papers_table_3_models():
+    base, big = validate_config(load("base")), validate_config(load("big"))
+    assert base == TransformerConfig()  # d_model 512, h 8, d_ff 2048, N 6, P_drop 0.1
+    assert (big.d_model, big.num_heads, big.d_ff, big.dropout_rate) == (1024, 16, 4096, 0.3)
+    assert big.num_encoder_layers == big.num_decoder_layers == 6
