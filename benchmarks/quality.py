@@ -7,10 +7,10 @@ workdir. The budget counts everything that command does: tokenizer training, enc
 the data, compilation and the steps. When it is spent, the trainer gets SIGTERM, which
 makes the training loop finish its step, save a checkpoint and exit. The newest
 checkpoint is then translated (``transformer_jax.translate.translate_lines``, beam 4 and
-greedy) and scored (``transformer_jax.evaluate.bleu``), and its loss, perplexity and accuracy
-on every dev pair are measured (rising dev loss while BLEU stalls is the sign of overfitting
-to tune against); with ``--average N`` so is the mean
-of the last N checkpoints (``transformer_jax.average``, paper §6.1). With ``--minutes 30,60``
+greedy) and scored (``transformer_jax.evaluate.bleu``), and its loss, perplexity and
+accuracy on every dev pair are measured (dev loss rising while training loss falls is
+over-fitting, the thing to tune against); with ``--average N`` so is the mean of the
+last N checkpoints (``transformer_jax.average``, paper §6.1). With ``--minutes 30,60``
 the run also gets SIGUSR1 at 30 minutes, saves its parameters then and goes on; that
 snapshot is scored too: one run reports both budgets. Evaluation is not counted in the
 budget. Reported: BLEU, steps, epochs, the training loop's tokens/s and the loss
