@@ -107,15 +107,15 @@ def parse_marks(text: str) -> list[float]:
     return marks
 
 
-def dev_metrics(workdir: str, checkpoint: str) -> dict[str, float]:
-    """Loss (label-smoothed), perplexity and accuracy of a checkpoint on every pair of the
+def dev_metrics(
+    config: Any, model_config: Any, params: Any, tokenizer: Any, workdir: str
+) -> dict[str, float]:
+    """Loss (label-smoothed), perplexity and accuracy of ``params`` on every pair of the
     run's dev split (``config.data.eval_split``), measured as ``train.py`` measures them."""
     from transformer_jax.model import Transformer
     from transformer_jax.training.loop import evaluate_loss, split_batches
     from transformer_jax.training.parallel import DataParallel
-    from transformer_jax.translate import load
 
-    config, model_config, params, tokenizer = load(workdir, checkpoint)
     dp = DataParallel(
         config.train.parallel, Transformer(model_config), config.train.label_smoothing
     )
@@ -137,7 +137,7 @@ def evaluate(
     config, params, step = load_run(workdir, checkpoint)
     model_config = from_config_dict(config.model)
     tokenizer = load_tokenizer(os.path.join(workdir, "tokenizer.model"))
-    dev = dev_metrics(workdir, checkpoint)
+    dev = dev_metrics(config, model_config, params, tokenizer, workdir)
     pairs = load_pairs(config.data, split)
     sources, references = [s for s, _ in pairs], [t for _, t in pairs]
     rows = []

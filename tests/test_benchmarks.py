@@ -112,6 +112,7 @@ def test_quality_dev_metrics_equal_the_training_loops_final_evaluation(tmp_path)
     quality = _script("quality")  # its helper puts the repository root (configs/) on sys.path
     from configs.tiny import get_config
     from transformer_jax.training.loop import train_and_evaluate
+    from transformer_jax.translate import load
 
     config = get_config()
     config.model.update(
@@ -120,7 +121,7 @@ def test_quality_dev_metrics_equal_the_training_loops_final_evaluation(tmp_path)
     config.data.update(tokens_per_batch=256, tokenizer_train_sentences=2000)
     config.train.update(num_steps=3, warmup_steps=2, eval_sentences=0, final_test=False)
     result = train_and_evaluate(config, str(tmp_path))
-    dev = quality.dev_metrics(str(tmp_path), "latest")
+    dev = quality.dev_metrics(*load(str(tmp_path), "latest"), str(tmp_path))
     assert result["complete"] and result["eval_loss"] > 0
     for name in ("loss", "perplexity", "accuracy"):
         assert dev[name] == pytest.approx(result[f"eval_{name}"], rel=1e-5)
