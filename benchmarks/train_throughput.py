@@ -5,7 +5,9 @@ loss, backward, the Adam update with the paper's schedule) compiled with ``jax.j
 the train state donated, on a batch of random full-length pairs (no padding). Reported:
 first-step seconds (tracing + XLA compilation + one step), target tokens/s over the timed
 steps (median and min-max), analytic matmul FLOPs per step (``transformer_jax.costs``),
-achieved GFLOP/s and their fraction of a measured float32 matmul ceiling (MFU).
+achieved GFLOP/s and their fraction of a matmul ceiling measured on the same machine for
+the products' operand type, float32 or bfloat16 (MFU); ``--peak-tflops`` adds the fraction
+of a datasheet peak.
 
 ``--vs-torch`` also times ``torch.nn.Transformer`` of the same architecture
 (``benchmarks/torch_baseline.py``) in a separate process, alternating blocks of steps
@@ -17,6 +19,8 @@ achieved GFLOP/s and their fraction of a measured float32 matmul ceiling (MFU).
     python benchmarks/train_throughput.py                       # small
     python benchmarks/train_throughput.py --configs small,base --vs-torch --json out.json
     python benchmarks/train_throughput.py --variants default,unsafe_rbg,no-dropout,fused
+    python benchmarks/train_throughput.py --configs base-25k --variants bf16-cudnn,bf16 \
+        --peak-tflops 989 --steps 10   # GPU (H100/H200: 989 dense bf16 TFLOP/s)
 """
 
 from __future__ import annotations
@@ -61,6 +65,8 @@ SETTINGS = {
         tgt_len=64,
     ),
     "base": Setting(dict(vocab_size=32000), batch=16, src_len=64, tgt_len=64),  # paper base
+    # the paper's batches (§5.1: ~25,000 source and 25,000 target tokens), for a GPU
+    "base-25k": Setting(dict(vocab_size=32000), batch=392, src_len=64, tgt_len=64),
     "tiny": Setting(  # for the smoke test
         dict(
             vocab_size=64,
@@ -85,6 +91,7 @@ VARIANTS = {  # library options compared in one process, alternating with each o
     "bf16": {"model": {"dtype": "bfloat16"}},  # bfloat16 compute, float32 parameters
     "bf16-fused": {"model": {"dtype": "bfloat16", "attention_impl": "fused"}},
     "bf16-matmul": {"model": {"matmul_precision": "bfloat16"}},  # bf16 operands, f32 rest
+    "bf16-cudnn": {"model": {"dtype": "bfloat16", "attention_impl": "cudnn"}},  # GPU only
     "rbg": {"rng_impl": "rbg"},  # dropout masks from XLA's RngBitGenerator
     "unsafe_rbg": {"rng_impl": "unsafe_rbg"},
     "no-dropout": {"model": {"dropout_rate": 0.0}},  # not a training setting: RNG cost bound
@@ -164,8 +171,11 @@ class JaxStep:
 
 
 def precision_of(variant: str) -> str:
-    """The ``matmul_precision`` a variant runs at."""
-    return VARIANTS[variant].get("model", {}).get("matmul_precision", "float32")
+    """The operand type of a variant's matrix products: ``bfloat16`` under
+    ``matmul_precision='bfloat16'`` or ``dtype='bfloat16'``, else ``float32``."""
+    model = VARIANTS[variant].get("model", {})
+    bf16 = "bfloat16" in (model.get("matmul_precision"), model.get("dtype"))
+    return "bfloat16" if bf16 else "float32"
 
 
 class TorchWorker:
@@ -321,6 +331,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="leave glibc malloc as it is (train.py and, by default, this script and its "
         "torch process call transformer_jax.training.malloc.retain_freed_memory)",
     )
+    parser.add_argument(
+        "--peak-tflops",
+        type=float,
+        help="the accelerator's datasheet peak (dense, the rows' operand type) in TFLOP/s: "
+        "adds MFU against it beside the measured ceiling's",
+    )
     parser.add_argument("--no-ceiling", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--quiet-json", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--smoke", action="store_true", help="tiny model, one timed step")
@@ -338,13 +354,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for flag in ("steps", "rounds"):
         if getattr(args, flag) < 1:
             raise ValueError(f"--{flag} must be >= 1")
+    if args.peak_tflops is not None and not args.peak_tflops > 0:
+        raise ValueError(f"--peak-tflops must be > 0, got {args.peak_tflops}")
 
     if not args.system_malloc:
         from transformer_jax.training.malloc import retain_freed_memory
 
         retain_freed_memory()  # as train.py does, before the first JAX computation
     info = machine()
-    size = 256 if args.smoke else 2048
+    for variant in args.variants.split(","):
+        cudnn = VARIANTS[variant].get("model", {}).get("attention_impl") == "cudnn"
+        if cudnn and info["backend"] != "gpu":
+            raise ValueError(
+                f"--variants: {variant!r} (cuDNN attention) needs a GPU; the JAX backend "
+                f"here is {info['backend']!r}"
+            )
+    size = 256 if args.smoke else 8192 if info["backend"] == "gpu" else 2048
     precisions = list(dict.fromkeys(precision_of(v) for v in args.variants.split(",")))
     ceiling = {p: float("nan") for p in precisions}
     if not args.no_ceiling:
@@ -354,10 +379,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ceiling = {p: max(c, matmul_ceiling(size, precision=p)) for p, c in ceiling.items()}
     for row in results:  # against the ceiling of the row's own matmul precision
         row["mfu"] = row["gflops_per_s"] * 1e9 / ceiling[row["matmul_precision"]]
+        if args.peak_tflops:
+            row["mfu_vs_peak"] = row["gflops_per_s"] / (1e3 * args.peak_tflops)
     compiled = compile_times(args) if args.compile else []
     payload = {
         "machine": info,
         "matmul_ceiling_gflops": {p: c / 1e9 for p, c in ceiling.items()},
+        "peak_tflops": args.peak_tflops,
         "results": results,
         "compile": compiled,
     }
@@ -384,13 +412,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             r["flops_per_step"] / 1e9,
             r["gflops_per_s"],
             f"{100 * r['mfu']:.1f}%",
+            *([f"{100 * r['mfu_vs_peak']:.1f}%"] if args.peak_tflops else []),
             r["step_cpu_s"]["median"],
             f"{r['speed_vs_first']:.2f}x",
         ]
         for r in results
     ]
     headers = ["config", "variant", "batch", "first step s", "tgt tok/s", "min-max", "steps"]
-    headers += ["GFLOP/step", "GFLOP/s", "MFU", "CPU s/step", "speed vs first row"]
+    headers += ["GFLOP/step", "GFLOP/s", "MFU"]
+    headers += [f"MFU of {args.peak_tflops:g} TFLOP/s"] if args.peak_tflops else []
+    headers += ["CPU s/step", "speed vs first row"]
     print(table(headers, rows))
     if compiled:
         print("\ncompile: first training step in a fresh process (target < 15 s for small)")

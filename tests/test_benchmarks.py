@@ -5,6 +5,7 @@ import json
 import os
 import sys
 
+import jax
 import pytest
 
 BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
@@ -41,10 +42,13 @@ def test_train_throughput_vs_torch_smoke():
     assert torch_row["variant"] == "torch" and torch_row["speed_vs_first"] > 0
 
 
-def test_train_throughput_bf16_matmul_row_uses_its_own_ceiling():
-    payload = _script("train_throughput").main(["--smoke", "--variants", "default,bf16-matmul"])
+def test_train_throughput_bf16_rows_use_the_bf16_ceiling():
+    variants = "default,bf16-matmul,bf16"
+    payload = _script("train_throughput").main(["--smoke", "--variants", variants])
     rows = {row["variant"]: row for row in payload["results"]}
+    assert rows["default"]["matmul_precision"] == "float32"
     assert rows["bf16-matmul"]["matmul_precision"] == "bfloat16"
+    assert rows["bf16"]["matmul_precision"] == "bfloat16"  # dtype=bfloat16: bf16 operands too
     ceilings = payload["matmul_ceiling_gflops"]
     assert set(ceilings) == {"float32", "bfloat16"}
     for row in rows.values():
@@ -55,6 +59,28 @@ def test_train_throughput_bf16_matmul_row_uses_its_own_ceiling():
 def test_train_throughput_rejects_unknown_config():
     with pytest.raises(ValueError, match="--configs"):
         _script("train_throughput").main(["--configs", "huge"])
+
+
+def test_train_throughput_mfu_against_a_datasheet_peak():
+    payload = _script("train_throughput").main(["--smoke", "--peak-tflops", "0.5"])
+    (row,) = payload["results"]
+    assert payload["peak_tflops"] == 0.5
+    assert abs(row["mfu_vs_peak"] - row["gflops_per_s"] / 500) <= 1e-12
+    with pytest.raises(ValueError, match="--peak-tflops"):
+        _script("train_throughput").main(["--smoke", "--peak-tflops", "0"])
+
+
+def test_train_throughput_gpu_setting_is_the_papers_batch():
+    setting = _script("train_throughput").SETTINGS["base-25k"]
+    for length in (setting.src_len, setting.tgt_len):  # §5.1: ~25,000 tokens on each side
+        assert 24_500 <= setting.batch * length <= 25_500
+    assert setting.model == {"vocab_size": 32000}  # otherwise TransformerConfig(): base
+
+
+@pytest.mark.skipif(jax.default_backend() == "gpu", reason="checks the refusal off a GPU")
+def test_train_throughput_cudnn_variant_needs_a_gpu():
+    with pytest.raises(ValueError, match="'bf16-cudnn' .*needs a GPU"):
+        _script("train_throughput").main(["--smoke", "--variants", "default,bf16-cudnn"])
 
 
 def test_decode_throughput_smoke():

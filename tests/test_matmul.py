@@ -6,6 +6,8 @@ tight (1e-5); the unrounded float32 product differs by far more, so a path that 
 the rounding (or rounded the result too) fails them.
 """
 
+import re
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -138,3 +140,27 @@ def test_model_at_bfloat16_matmul_precision_is_close_to_float32_and_not_equal():
     for g, fg in zip(flat, fast_flat, strict=True):
         cosine = float(jnp.vdot(g, fg) / (jnp.linalg.norm(g) * jnp.linalg.norm(fg) + 1e-30))
         assert cosine > 0.9  # rounding errors compound through the layers (0.96-1.0 here)
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA:CPU's layout rule")
+def test_every_product_of_the_training_step_runs_on_bfloat16_operands():
+    """XLA's CPU backend converts a bfloat16 product whose operands are not stored as
+    ``[batch, m, k] x [batch, k, n]`` to float32 (~4x slower); ``matmul.product`` lays
+    them out so. Counted in the compiled forward and backward pass of the model."""
+    fast = CFG.replace(matmul_precision="bfloat16")
+    params = Transformer(fast).init(jax.random.PRNGKey(0), SRC, TGT[:, :-1])["params"]
+    model = Transformer(fast)
+
+    def loss(p):
+        return loss_and_metrics(model.apply({"params": p}, SRC, TGT[:, :-1]), TGT[:, 1:], 0, 0.1)[0]
+
+    hlo = jax.jit(jax.grad(loss)).lower(params).compile().as_text()
+    shapes = dict(re.findall(r"%(\S+) = (\w+)\[", hlo))
+    operands = [
+        re.search(r" dot\(([^)]*)\)", line).group(1).split(", ")
+        for line in hlo.splitlines()
+        if " dot(" in line
+    ]
+    assert len(operands) >= 3 * 6 * CFG.num_decoder_layers  # every layer's products, fwd + bwd
+    dtypes = {shapes[name.lstrip("%")] for pair in operands for name in pair}
+    assert dtypes == {"bf16"}

@@ -82,7 +82,7 @@ def _tied_logits_fwd(x: Array, embedding: Array, precision: str) -> tuple[Array,
 def _tied_logits_bwd(precision: str, residuals: tuple[Array, Array], g: Array) -> tuple:
     x, embedding = residuals
     grad_x = matmul.product("...v,vd->...d", g, embedding, precision)
-    grad_embedding = matmul.product("...d,...v->dv", x, g, precision).T
+    grad_embedding = matmul.product("...d,...v->vd", x, g, precision)
     return grad_x.astype(x.dtype), grad_embedding.astype(embedding.dtype)
 
 

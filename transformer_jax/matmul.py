@@ -11,6 +11,7 @@ with AMX (or AVX512-BF16) XLA runs these products several times faster.
 from __future__ import annotations
 
 import functools
+import math
 import string
 from typing import Any
 
@@ -49,21 +50,74 @@ def einsum(
 def product(spec: str, a: Array, b: Array, precision: str) -> Array:
     """The product alone (no custom derivative), for use inside derivatives.
 
+    ``'float32'``: formed in the operands' order and then transposed to ``spec``'s output
+    (``jnp.einsum`` would swap the operands instead, and XLA's CPU backend then copies the
+    wider one transposed: for the tied embedding's gradient, the ``[tokens, vocab]`` one).
+
     ``'bfloat16'``: operands rounded to bfloat16, accumulated and returned in float32.
-    XLA's CPU backend has bfloat16 kernels only for products that contract the left
-    operand's minor dimension (``x W``, ``G W^T``); it runs the others (``X^T G``) in
-    float32 or, inside a training step, fails at run time (jax 0.10.2: "Unsupported
-    element type for DotThunk"). On CPU those multiply the rounded operands as float32:
-    the same value, as a product of two bfloat16 numbers is exact in float32.
+    XLA's CPU backend runs a bfloat16 product with its bfloat16 (AMX) kernels only when
+    the operands are stored as ``[batch, m, k]`` and ``[batch, k, n]``; any other layout,
+    a transpose it folds into the product included, it runs in float32, ~4x slower. So on
+    CPU the operands are first laid out that way (:func:`_laid_out`), as ``A B`` or as
+    ``(B^T A^T)^T``, whichever copies fewer elements.
     """
+    sa, sb, out = _operands(_explicit(spec, a.ndim, b.ndim))
     if precision == "float32":
-        return jnp.einsum(spec, a, b)
+        batch, _, free_a, free_b = _indices(sa, sb, out)
+        natural = "".join(batch + free_a + free_b)
+        return jnp.einsum(f"{natural}->{out}", jnp.einsum(f"{sa},{sb}->{natural}", a, b))
     a, b = a.astype(jnp.bfloat16), b.astype(jnp.bfloat16)
-    sa, sb, out = _operands(spec)
-    minor_contracted = sa[-1] in sb and sa[-1] not in out
-    if not minor_contracted and jax.default_backend() == "cpu":
-        a, b = a.astype(jnp.float32), b.astype(jnp.float32)
-    return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
+    if jax.default_backend() != "cpu":
+        return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
+    size = dict(zip(sa, a.shape, strict=True)) | dict(zip(sb, b.shape, strict=True))
+
+    def layouts(left: str, right: str) -> tuple[list[str], list[str], list[str]]:
+        batch, contracted, free_l, free_r = _indices(left, right, out)
+        return batch + free_l + contracted, batch + contracted + free_r, batch + free_l + free_r
+
+    def copied(left: str, right: str) -> int:  # elements transposed; the float32 output x2
+        lhs, rhs, res = layouts(left, right)
+        count = lambda idx: math.prod(size[c] for c in idx)  # noqa: E731
+        return (
+            (count(left) if list(left) != lhs else 0)
+            + (count(right) if list(right) != rhs else 0)
+            + (2 * count(res) if res != list(out) else 0)
+        )
+
+    if copied(sb, sa) < copied(sa, sb):
+        a, b, sa, sb = b, a, sb, sa
+    lhs, rhs, res = layouts(sa, sb)
+    y = jnp.einsum(
+        f"{''.join(lhs)},{''.join(rhs)}->{''.join(res)}",
+        _laid_out(a, sa, lhs),
+        _laid_out(b, sb, rhs),
+        preferred_element_type=jnp.float32,
+    )
+    return _laid_out(y, "".join(res), list(out))
+
+
+def _indices(sa: str, sb: str, out: str) -> tuple[list[str], list[str], list[str], list[str]]:
+    """A product's batch indices (in the output's order), contracted indices, and the
+    free indices of each operand."""
+    batch = [c for c in out if c in sa and c in sb]
+    contracted = [c for c in sa if c in sb and c not in out]
+    return batch, contracted, [c for c in sa if c not in sb], [c for c in sb if c not in sa]
+
+
+def _laid_out(x: Array, now: str, wanted: list[str]) -> Array:
+    """``x`` (indexed by the letters ``now``) transposed to ``wanted`` and stored so.
+
+    XLA folds a plain transpose into the product that reads it (and then runs that
+    product in float32 on CPU); the transposed halves of ``x``, joined, it keeps.
+    """
+    perm = [now.index(c) for c in wanted]
+    if perm == sorted(perm):
+        return x
+    axis = next((i for i, n in enumerate(x.shape) if n > 1), None)
+    if axis is None:
+        return jnp.transpose(x, perm)
+    halves = jnp.split(x, [x.shape[axis] // 2], axis=axis)
+    return jnp.concatenate([jnp.transpose(h, perm) for h in halves], axis=perm.index(axis))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
@@ -85,6 +139,18 @@ def _rounded_einsum_bwd(spec: str, dtypes: tuple, residuals: tuple, g: Array) ->
 
 
 _rounded_einsum.defvjp(_rounded_einsum_fwd, _rounded_einsum_bwd)
+
+
+def _explicit(spec: str, a_ndim: int, b_ndim: int) -> str:
+    """``spec`` with ``...`` replaced by letters it does not use, as many as it stands for."""
+    if "..." not in spec:
+        return spec
+    sa, sb, out = _operands(spec)
+    stands_for = {s: ndim - len(s) + 3 for s, ndim in ((sa, a_ndim), (sb, b_ndim)) if "..." in s}
+    n = max(stands_for.values())
+    spare = "".join(c for c in string.ascii_letters if c not in spec)[:n]
+    fill = lambda s: s.replace("...", spare[n - stands_for.get(s, 0) :])  # noqa: E731
+    return f"{fill(sa)},{fill(sb)}->{out.replace('...', spare)}"
 
 
 def _operands(spec: str) -> tuple[str, str, str]:
