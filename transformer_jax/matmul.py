@@ -70,6 +70,7 @@ def product(spec: str, a: Array, b: Array, precision: str) -> Array:
     if jax.default_backend() != "cpu":
         return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
     size = dict(zip(sa, a.shape, strict=True)) | dict(zip(sb, b.shape, strict=True))
+    count = lambda idx: math.prod(size[c] for c in idx)  # noqa: E731
 
     def layouts(left: str, right: str) -> tuple[list[str], list[str], list[str]]:
         batch, contracted, free_l, free_r = _indices(left, right, out)
@@ -77,7 +78,6 @@ def product(spec: str, a: Array, b: Array, precision: str) -> Array:
 
     def copied(left: str, right: str) -> int:  # elements transposed; the float32 output x2
         lhs, rhs, res = layouts(left, right)
-        count = lambda idx: math.prod(size[c] for c in idx)  # noqa: E731
         return (
             (count(left) if list(left) != lhs else 0)
             + (count(right) if list(right) != rhs else 0)
@@ -111,7 +111,7 @@ def _laid_out(x: Array, now: str, wanted: list[str]) -> Array:
     product in float32 on CPU); the transposed halves of ``x``, joined, it keeps.
     """
     perm = [now.index(c) for c in wanted]
-    if perm == sorted(perm):
+    if perm == list(range(x.ndim)):
         return x
     axis = next((i for i, n in enumerate(x.shape) if n > 1), None)
     if axis is None:
