@@ -1,4 +1,4 @@
-"""Dropout from 16-bit random numbers (§5.4): rate, scaling, determinism, masks differ."""
+"""Dropout (§5.4): the fused threefry bits equal JAX's, rate, scaling, determinism, masks differ."""
 
 import flax.errors
 import jax
@@ -6,12 +6,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_jax.dropout import Dropout, dropout, keep_mask
+from transformer_jax.dropout import Dropout, dropout, keep_mask, random_bits, threefry2x32
 
 
 @pytest.mark.parametrize("rate", [0.1, 0.3, 0.5])
 def test_keep_fraction_and_expectation(rate):
-    x = jnp.ones((512, 513))  # odd size: the last 32-bit word is half used
+    x = jnp.ones((512, 513))
     y = dropout(x, rate, jax.random.PRNGKey(0))
     kept = np.asarray(y != 0)
     n = kept.size
@@ -21,15 +21,42 @@ def test_keep_fraction_and_expectation(rate):
     assert abs(float(y.mean()) - 1.0) < 5 * np.sqrt(rate / (1 - rate) / n)
 
 
-def test_keep_probability_is_exact_to_16_bits_and_masks_are_independent():
-    mask, keep = keep_mask(jax.random.PRNGKey(1), 0.1, (4, 1000))
-    assert keep == round(0.9 * 65536) / 65536 and abs(keep - 0.9) < 2**-17
-    m = np.asarray(mask, np.float64)
-    # the two halves of each 32-bit word decide neighbouring elements: uncorrelated
-    even, odd = m.reshape(-1)[0::2], m.reshape(-1)[1::2]
-    assert abs(np.corrcoef(even, odd)[0, 1]) < 0.05
-    other, _ = keep_mask(jax.random.PRNGKey(2), 0.1, (4, 1000))
+def test_threefry_known_answers():
+    """Threefry-2x32, 20 rounds: the known-answer vectors of Random123 (Salmon et al. 2011)."""
+    cases = [
+        ((0, 0), (0, 0), (0x6B200159, 0x99BA4EFE)),
+        ((2**32 - 1,) * 2, (2**32 - 1,) * 2, (0x1CB996FC, 0xBB002BE7)),
+        ((0x13198A2E, 0x03707344), (0x243F6A88, 0x85A308D3), (0xC4923A9C, 0x483DF7A0)),
+    ]
+    for key, counter, expected in cases:
+        words = threefry2x32(tuple(map(jnp.uint32, key)), tuple(map(jnp.uint32, counter)))
+        assert tuple(int(w) for w in words) == expected
+
+
+@pytest.mark.parametrize("make_key", [jax.random.PRNGKey, jax.random.key])
+@pytest.mark.parametrize("shape", [(5,), (3, 7), (2, 3, 65)])
+def test_random_bits_are_jax_random_bits(make_key, shape):
+    key = make_key(7)
+    expected = jax.random.bits(key, shape, jnp.uint32)
+    np.testing.assert_array_equal(jax.jit(random_bits, static_argnums=1)(key, shape), expected)
+
+
+def test_random_bits_of_other_keys_and_layouts_come_from_jax():
+    key = jax.random.key(7, impl="rbg")
+    np.testing.assert_array_equal(random_bits(key, (3, 7)), jax.random.bits(key, (3, 7), jnp.uint32))
+    with jax.threefry_partitionable(False):
+        key = jax.random.PRNGKey(7)
+        np.testing.assert_array_equal(random_bits(key, (3, 7)), jax.random.bits(key, (3, 7), jnp.uint32))
+
+
+def test_keep_probability_is_exact_to_32_bits_and_masks_are_independent():
+    mask, keep = keep_mask(jax.random.PRNGKey(1), 0.1, (40, 1000))
+    assert keep == round(0.9 * 2**32) / 2**32 and abs(keep - 0.9) < 2**-33
+    m = np.asarray(mask, np.float64).reshape(-1)
+    assert abs(np.corrcoef(m[0::2], m[1::2])[0, 1]) < 0.05  # neighbours; 7 standard deviations
+    other, _ = keep_mask(jax.random.PRNGKey(2), 0.1, (40, 1000))
     assert (np.asarray(other) != np.asarray(mask)).any()
+    assert keep_mask(jax.random.PRNGKey(1), 1e-12, (8,))[1] == (2**32 - 1) / 2**32  # < 1
 
 
 def test_module_is_identity_when_deterministic_and_zero_rate():

@@ -59,6 +59,24 @@ def test_bfloat16_product_and_both_gradients_use_rounded_operands(spec, a_shape,
     assert np.abs(np.asarray(out - unrounded)).max() > 1e-3 * np.abs(unrounded).max()
 
 
+@pytest.mark.parametrize(
+    "shape,now,wanted",
+    [
+        ((384, 256), "ab", "ba"),  # tiles of 128 (E^T, W^T)
+        ((2, 6, 3, 8), "bqhd", "bhqd"),  # heads to the front; the innermost axis cut in 2
+        ((2, 6, 3, 8), "bqhd", "bhdq"),  # K^T per head
+        ((6, 2, 3), "thk", "hkt"),
+        ((7, 5), "ab", "ba"),  # no tile divides 5: transposed halves
+        ((1, 4, 1), "abc", "cba"),
+    ],
+)
+def test_laid_out_is_the_transpose(shape, now, wanted):
+    x = normal(0, *shape)
+    perm = [now.index(c) for c in wanted]
+    out = matmul._laid_out(x, now, list(wanted))
+    np.testing.assert_array_equal(out, jnp.transpose(x, perm))
+
+
 def test_float32_is_the_plain_einsum_and_bad_precision_raises():
     a, b = normal(0, 6, 8), normal(1, 8, 5)
     np.testing.assert_array_equal(matmul.einsum("td,df->tf", a, b), jnp.einsum("td,df->tf", a, b))

@@ -1,11 +1,11 @@
-"""Dropout (§5.4: P_drop on sub-layer outputs and embedding sums) from 16 random bits
-per element.
+"""Dropout (§5.4: P_drop on sub-layer outputs and embedding sums) from threefry random
+bits computed in the same elementwise pass as the mask.
 
-``flax.linen.Dropout`` draws 32 bits per element (a float32 uniform); on CPU the threefry
-hash behind them was ~16% of a small model's training step. Splitting each 32-bit word
-into two 16-bit halves halves that cost; the keep probability becomes
-``round((1 - rate) * 2^16) / 2^16`` (within 2^-17 of ``1 - rate``), and kept values are
-divided by that exact probability, so the expectation is unchanged.
+``jax.random.bits`` on CPU runs the threefry2x32 hash as a loop of five rounds over the
+whole array (JAX lowers it rolled there), then the mask is a second pass: 1.7 ms for a
+``[1024, 512]`` dropout, 80% of it the random bits. :func:`random_bits` writes the same
+hash as plain integer arithmetic, which XLA fuses with the comparison and the scaling:
+0.36 ms, and the same bits as ``jax.random.bits`` (a test checks equality).
 """
 
 from __future__ import annotations
@@ -15,20 +15,59 @@ import math
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 Array = jax.Array
 
-_LEVELS = 1 << 16
+_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
+_PARITY = np.uint32(0x1BD11BDA)
+
+
+def threefry2x32(key: tuple[Array, Array], x: tuple[Array, Array]) -> tuple[Array, Array]:
+    """The Threefry-2x32 block cipher, 20 rounds (Salmon et al. 2011), on uint32 arrays.
+
+    ``key``: two uint32 scalars; ``x``: the two words of each counter. As JAX's own
+    (``jax._src.random.threefry2x32``), unrolled.
+    """
+    ks = (key[0], key[1], key[0] ^ key[1] ^ _PARITY)
+    x0, x1 = x[0] + ks[0], x[1] + ks[1]
+    for i in range(5):
+        for r in _ROTATIONS[i % 2]:
+            x0 = x0 + x1
+            x1 = ((x1 << np.uint32(r)) | (x1 >> np.uint32(32 - r))) ^ x0
+        x0 = x0 + ks[(i + 1) % 3]
+        x1 = x1 + ks[(i + 2) % 3] + np.uint32(i + 1)
+    return x0, x1
+
+
+def random_bits(rng: Array, shape: tuple[int, ...]) -> Array:
+    """``jax.random.bits(rng, shape, jnp.uint32)`` for a threefry key, in one fused pass.
+
+    With JAX's default ``jax_threefry_partitionable``, element ``i`` (row-major) is the
+    two output words of threefry2x32 on the counter ``(0, i)``, xor-ed. Other key
+    implementations, the other counter layout and arrays of 2^32 elements or more are
+    left to ``jax.random.bits``.
+    """
+    if jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key):
+        threefry = str(jax.random.key_impl(rng)) == "threefry2x32"
+        data = jax.random.key_data(rng) if threefry else None
+    else:
+        threefry = jax.config.jax_default_prng_impl == "threefry2x32"
+        data = rng
+    size = math.prod(shape)
+    if not (threefry and jax.config.jax_threefry_partitionable and size < 2**32):
+        return jax.random.bits(rng, shape, jnp.uint32)
+    index = jax.lax.iota(jnp.uint32, size).reshape(shape)
+    hi, lo = threefry2x32((data[0], data[1]), (jnp.zeros_like(index), index))
+    return hi ^ lo
 
 
 def keep_mask(rng: Array, rate: float, shape: tuple[int, ...]) -> tuple[Array, float]:
     """Boolean ``shape`` mask, each entry True with probability ``keep``; returns
-    ``(mask, keep)``."""
-    threshold = round((1.0 - rate) * _LEVELS)
-    size = math.prod(shape)
-    words = jax.random.bits(rng, ((size + 1) // 2,), jnp.uint32)
-    halves = jnp.stack([words & (_LEVELS - 1), words >> 16], axis=-1).reshape(-1)[:size]
-    return (halves < threshold).reshape(shape), threshold / _LEVELS
+    ``(mask, keep)``: ``keep = threshold / 2^32`` with ``threshold = round((1 - rate) *
+    2^32)``, within 2^-33 of ``1 - rate``."""
+    threshold = min(round((1.0 - rate) * 2**32), 2**32 - 1)
+    return random_bits(rng, shape) < np.uint32(threshold), threshold / 2**32
 
 
 def dropout(x: Array, rate: float, rng: Array) -> Array:
