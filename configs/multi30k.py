@@ -23,11 +23,11 @@ the sizes are the small model of the PyTorch baseline (d_model 256, 4 heads, d_f
   38.8 averaged), for 0.5 BLEU less at 30 minutes (36.1 vs 36.6);
 - bfloat16 matrix products (``model.matmul_precision``; float32 accumulation, parameters
   and everything else float32): 1.27x the steps per hour on CPUs with AMX when they were
-  chosen, ~1.9x since their operands are laid out for the bf16 kernels (2,713 steps in
-  30 minutes: 36.5 test BLEU, 37.6 averaged; ``benchmarks/README.md``). At dropout 0.1
-  they scored the same as float32 in the same hour (more steps only over-fit sooner); at
-  0.3, where the model is still improving at 60 minutes, float32 took 2,418 steps to
-  bfloat16's 3,513 and scored 33.1 at 30 minutes (below 35) and 37.4 at 60;
+  chosen, ~2x since their operands are laid out for the bf16 kernels (6,430 steps in
+  60 minutes: 38.4 test BLEU at 30, 38.9 at 60, 39.4 averaged; ``benchmarks/README.md``).
+  At dropout 0.1 they scored the same as float32 in the same hour (more steps only
+  over-fit sooner); at 0.3, where the model is still improving at 60 minutes, float32 took
+  2,418 steps to bfloat16's 3,513 and scored 33.1 at 30 minutes (below 35) and 37.4 at 60;
 - no dev BLEU during training (decoding on 2 cores costs minutes); checkpoints every 100
   steps, the last 5 kept for averaging (paper §6.1).
 """

@@ -3,7 +3,7 @@ bits computed in the same elementwise pass as the mask.
 
 ``jax.random.bits`` on CPU runs the threefry2x32 hash as a loop of five rounds over the
 whole array (JAX lowers it rolled there), then the mask is a second pass: 1.7 ms for a
-``[1024, 512]`` dropout, 80% of it the random bits. :func:`random_bits` writes the same
+``[1024, 512]`` dropout, most of it the random bits. :func:`random_bits` writes the same
 hash as plain integer arithmetic, which XLA fuses with the comparison and the scaling:
 0.36 ms, and the same bits as ``jax.random.bits`` (a test checks equality).
 """
@@ -65,7 +65,7 @@ def random_bits(rng: Array, shape: tuple[int, ...]) -> Array:
 def keep_mask(rng: Array, rate: float, shape: tuple[int, ...]) -> tuple[Array, float]:
     """Boolean ``shape`` mask, each entry True with probability ``keep``; returns
     ``(mask, keep)``: ``keep = threshold / 2^32`` with ``threshold = round((1 - rate) *
-    2^32)``, within 2^-33 of ``1 - rate``."""
+    2^32)``, within 2^-33 of ``1 - rate`` (capped at ``2^32 - 1`` for rates below 2^-33)."""
     threshold = min(round((1.0 - rate) * 2**32), 2**32 - 1)
     return random_bits(rng, shape) < np.uint32(threshold), threshold / 2**32
 
