@@ -77,6 +77,14 @@ def test_laid_out_is_the_transpose(shape, now, wanted):
     np.testing.assert_array_equal(out, jnp.transpose(x, perm))
 
 
+def test_after_keeps_the_value_and_the_dependency():
+    x, y = normal(0, 4, 3), normal(1, 5)
+    np.testing.assert_array_equal(matmul.after(x, y), x)
+    hlo = jax.jit(matmul.after).lower(x, y).compile().as_text()
+    assert "multiply" in hlo  # not folded away: what reads the result waits for y
+    assert matmul.after(x, jnp.zeros((0,))) is x
+
+
 def test_float32_is_the_plain_einsum_and_bad_precision_raises():
     a, b = normal(0, 6, 8), normal(1, 8, 5)
     np.testing.assert_array_equal(matmul.einsum("td,df->tf", a, b), jnp.einsum("td,df->tf", a, b))

@@ -81,8 +81,10 @@ def _tied_logits_fwd(x: Array, embedding: Array, precision: str) -> tuple[Array,
 
 def _tied_logits_bwd(precision: str, residuals: tuple[Array, Array], g: Array) -> tuple:
     x, embedding = residuals
+    if precision == "bfloat16":
+        g = g.astype(jnp.bfloat16)  # rounded once for both products
     grad_x = matmul.product("...v,vd->...d", g, embedding, precision)
-    grad_embedding = matmul.product("...d,...v->vd", x, g, precision)
+    grad_embedding = matmul.product("...d,...v->vd", x, matmul.after(g, grad_x), precision)
     return grad_x.astype(x.dtype), grad_embedding.astype(embedding.dtype)
 
 
