@@ -164,7 +164,8 @@ def after(x: Array, y: Array) -> Array:
 
     XLA's CPU backend runs independent products at the same time, each on every core. The
     tied logits' two gradient products, which both read the ``[tokens, vocab]`` gradient,
-    took ~2.5x as long that way as one after the other. Adds ``0 * y[0]`` to ``x`` (XLA
+    each took 3-4x as long that way as alone (bfloat16 ``base``: 95 and 88 ms against 32
+    and 22; the step 1.04x faster in order). Adds ``0 * y[0]`` to ``x`` (XLA
     does not fold a float multiplication by zero): ``x`` is unchanged unless ``y[0]`` is
     not finite, and then the gradient ``y`` belongs to is not finite either.
     """
