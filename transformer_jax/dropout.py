@@ -49,13 +49,11 @@ def random_bits(rng: Array, shape: tuple[int, ...]) -> Array:
     left to ``jax.random.bits``.
     """
     if jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key):
-        threefry = str(jax.random.key_impl(rng)) == "threefry2x32"
-        data = jax.random.key_data(rng) if threefry else None
+        impl, data = str(jax.random.key_impl(rng)), jax.random.key_data(rng)
     else:
-        threefry = jax.config.jax_default_prng_impl == "threefry2x32"
-        data = rng
+        impl, data = jax.config.jax_default_prng_impl, rng
     size = math.prod(shape)
-    if not (threefry and jax.config.jax_threefry_partitionable and size < 2**32):
+    if not (impl == "threefry2x32" and jax.config.jax_threefry_partitionable and size < 2**32):
         return jax.random.bits(rng, shape, jnp.uint32)
     index = jax.lax.iota(jnp.uint32, size).reshape(shape)
     hi, lo = threefry2x32((data[0], data[1]), (jnp.zeros_like(index), index))
