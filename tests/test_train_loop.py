@@ -135,12 +135,14 @@ def test_train_end_to_end_then_resume_says_complete(prepared, tmp_path, capsys):
     for key in (
         "loss",
         "accuracy",
+        "grad_norm",
         "learning_rate",
         "tokens_per_sec",
         "padding_efficiency",
         "dropped_too_long",
     ):
         assert key in first
+    assert all(r["grad_norm"] > 0 and np.isfinite(r["grad_norm"]) for r in records[:6])
     assert "test_bleu" in records[-1] and "eval_loss" in records[-1]
     assert os.listdir(os.path.join(workdir, "tensorboard"))
     assert json.load(open(os.path.join(workdir, "config.json")))["train"]["num_steps"] == 6

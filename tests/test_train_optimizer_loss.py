@@ -10,6 +10,7 @@ import pytest
 
 from transformer_jax.training.loss import loss_and_metrics, smoothed_cross_entropy, summarize
 from transformer_jax.training.optimizer import transformer_optimizer, transformer_schedule
+from transformer_jax.training.steps import apply_gradients, create_train_state
 
 
 def paper_lr(step, d_model=512, warmup=4000, scale=1.0):
@@ -46,6 +47,22 @@ def test_optimizer_is_adam_with_the_papers_betas():
     u1, _ = ours.update(grads, ours.init(params), params)
     u2, _ = ref.update(grads, ref.init(params), params)
     np.testing.assert_allclose(u1["w"], u2["w"], rtol=1e-6)
+
+
+def test_apply_gradients_reports_the_norm_of_the_per_token_gradient():
+    params = {"w": jnp.array([1.0, -2.0]), "b": jnp.array([[0.5]])}
+    summed = {"w": jnp.array([3.0, 4.0]), "b": jnp.array([[12.0]])}  # norm 13 over 4 tokens
+    tx = transformer_optimizer(transformer_schedule(16, 10))
+    state = create_train_state(params, tx, jax.random.PRNGKey(0))
+    step = jax.jit(apply_gradients)
+    new, metrics = step(state, summed, {"tokens": jnp.float32(4.0)})
+    assert float(metrics["grad_norm"]) == pytest.approx(13.0 / 4.0, rel=1e-6)
+    # the update is Adam's on the per-token gradient (the sums divided by the token count)
+    updates, _ = tx.update(jax.tree.map(lambda g: g / 4.0, summed), tx.init(params), params)
+    expected = optax.apply_updates(params, updates)
+    for key in params:
+        np.testing.assert_allclose(new.params[key], expected[key], rtol=1e-6)
+    assert int(new.step) == 1
 
 
 def test_smoothed_loss_by_hand():

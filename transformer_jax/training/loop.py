@@ -180,7 +180,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     base_rng = state.rng
     state = dp.replicate(state)
     accum = config.train.grad_accum_steps
-    window = {"loss": 0.0, "nll": 0.0, "tokens": 0.0, "correct": 0.0}
+    # sums over the steps since the last log; grad_norm is logged as the mean per step
+    window = dict.fromkeys(("loss", "nll", "tokens", "correct", "grad_norm", "steps"), 0.0)
     window_real, window_slots, window_start = 0, 0, time.perf_counter()
     pending: tuple[int, dict] | None = None  # metrics of the last step, read one step late
 
@@ -188,6 +189,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         step, metrics = step_metrics
         values = {k: float(v) for k, v in jax.device_get(metrics).items()}
         _check_finite(step, values["loss"] / max(values["tokens"], 1.0), checkpointer)
+        values["steps"] = 1.0
         for key in window:
             window[key] += values[key]
         return values
@@ -201,6 +203,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         elapsed = time.perf_counter() - window_start
         record = summarize(window)
         record.update(
+            grad_norm=window["grad_norm"] / max(window["steps"], 1.0),
             learning_rate=float(schedule(step - 1)),
             tokens_per_sec=window_real / max(elapsed, 1e-9),
             padding_efficiency=window_real / max(window_slots, 1),
