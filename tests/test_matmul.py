@@ -107,8 +107,46 @@ def test_dot_general_matches_lax_dot_general_on_rounded_operands(dims, a_shape, 
     a, b = normal(0, *a_shape), normal(1, *b_shape)
     ours = matmul.dot_general("bfloat16")(a, b, dims)
     close(ours, jax.lax.dot_general(rounded(a), rounded(b), dims))
-    assert matmul.dot_general("float32") is jax.lax.dot_general
+    assert matmul.dot_general("float32") is matmul.flat_dot_general
     assert matmul.dot_general("bfloat16") is matmul.rounded_dot_general
+
+
+@pytest.mark.parametrize(
+    "dims,a_shape,b_shape",
+    [
+        ((((1,), (0,)), ((), ())), (6, 8), (8, 5)),  # Dense
+        ((((2,), (0,)), ((), ())), (2, 6, 8), (8, 2, 3)),  # to heads, [batch, length] input
+        ((((1, 2), (0, 1)), ((), ())), (6, 2, 3), (2, 3, 8)),  # from heads
+        ((((2,), (1,)), ((0,), (0,))), (4, 6, 8), (4, 8, 5)),  # batched: lax's own
+        ((((0,), (0,)), ((), ())), (8, 6), (8, 5)),  # contracting a leading lhs axis: lax's
+    ],
+)
+def test_flat_dot_general_is_lax_dot_general(dims, a_shape, b_shape):
+    a, b = normal(0, *a_shape), normal(1, *b_shape)
+    expected = jax.lax.dot_general(a, b, dims, precision="highest")
+    close(matmul.flat_dot_general(a, b, dims, precision="highest"), expected)
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA:CPU's layouts")
+@pytest.mark.parametrize("precision,allowed", [("float32", 0), ("bfloat16", 1)])
+@pytest.mark.parametrize(
+    "features,axis,x_shape",
+    [(64, -1, (128, 32)), ((4, 16), -1, (128, 32)), (32, (-2, -1), (128, 4, 16))],
+)
+def test_dense_layer_gradients_copy_no_kernel(precision, allowed, features, axis, x_shape):
+    """Counted in the compiled gradient: no transposing copy of the kernel (to or from
+    heads, XLA copied it for the input's gradient); at bfloat16 the input's for the
+    kernel's gradient (XLA's bfloat16 kernels take no transposed left operand)."""
+    layer = nn.DenseGeneral(
+        features, axis=axis, use_bias=False, dot_general=matmul.dot_general(precision)
+    )
+    x = normal(0, *x_shape)
+    params = layer.init(jax.random.PRNGKey(0), x)
+    grad = jax.jit(jax.grad(lambda p, x: layer.apply(p, x).sum(), argnums=(0, 1)))
+    hlo = grad.lower(params, x).compile().as_text()
+    entry = hlo[hlo.index("ENTRY") :]
+    copies = re.findall(r"= \S+ (?:copy|transpose)\(|%(?:copy|transpose)\S*fusion\S* = ", entry)
+    assert len(copies) == allowed, entry
 
 
 def test_dense_layers_take_the_rounded_product():
@@ -171,8 +209,9 @@ def test_model_at_bfloat16_matmul_precision_is_close_to_float32_and_not_equal():
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA:CPU's layout rule")
 def test_every_product_of_the_training_step_runs_on_bfloat16_operands():
     """XLA's CPU backend converts a bfloat16 product whose operands are not stored as
-    ``[batch, m, k] x [batch, k, n]`` to float32 (~4x slower); ``matmul.product`` lays
-    them out so. Counted in the compiled forward and backward pass of the model."""
+    ``[batch, m, k] x [batch, k, n]`` or ``[batch, n, k]`` to float32 (~4x slower);
+    ``matmul.product`` lays them out so. Counted in the compiled forward and backward
+    pass of the model."""
     fast = CFG.replace(matmul_precision="bfloat16")
     params = Transformer(fast).init(jax.random.PRNGKey(0), SRC, TGT[:, :-1])["params"]
     model = Transformer(fast)

@@ -56,10 +56,12 @@ def product(spec: str, a: Array, b: Array, precision: str) -> Array:
 
     ``'bfloat16'``: operands rounded to bfloat16, accumulated and returned in float32.
     XLA's CPU backend runs a bfloat16 product with its bfloat16 (AMX) kernels only when
-    the operands are stored as ``[batch, m, k]`` and ``[batch, k, n]``; any other layout,
-    a transpose it folds into the product included, it runs in float32, ~4x slower. So on
-    CPU the operands are first laid out that way (:func:`_laid_out`), as ``A B`` or as
-    ``(B^T A^T)^T``, whichever copies fewer elements.
+    the left operand is stored as ``[batch, m, k]`` and the right one as ``[batch, k, n]``
+    or ``[batch, n, k]``; any other layout, a transpose it folds into the product
+    included, it runs in float32, ~4x slower. So on CPU the operands are first laid out
+    that way (:func:`_laid_out`), as ``A B`` or as ``(B^T A^T)^T`` with either right
+    layout, whichever copies fewest elements, and each group of indices (batch, free,
+    contracted) is merged into one dimension.
     """
     sa, sb, out = _operands(_explicit(spec, a.ndim, b.ndim))
     if precision == "float32":
@@ -72,28 +74,41 @@ def product(spec: str, a: Array, b: Array, precision: str) -> Array:
     size = dict(zip(sa, a.shape, strict=True)) | dict(zip(sb, b.shape, strict=True))
     count = lambda idx: math.prod(size[c] for c in idx)  # noqa: E731
 
-    def layouts(left: str, right: str) -> tuple[list[str], list[str], list[str]]:
+    def layouts(left: str, right: str, rhs_kn: bool) -> tuple[list[str], ...]:
         batch, contracted, free_l, free_r = _indices(left, right, out)
-        return batch + free_l + contracted, batch + contracted + free_r, batch + free_l + free_r
+        rhs = batch + (contracted + free_r if rhs_kn else free_r + contracted)
+        return batch + free_l + contracted, rhs, batch + free_l + free_r
 
-    def copied(left: str, right: str) -> int:  # elements transposed; the float32 output x2
-        lhs, rhs, res = layouts(left, right)
+    def copied(left: str, right: str, rhs_kn: bool) -> int:  # the float32 output counts x2
+        lhs, rhs, res = layouts(left, right, rhs_kn)
         return (
             (count(left) if list(left) != lhs else 0)
             + (count(right) if list(right) != rhs else 0)
             + (2 * count(res) if res != list(out) else 0)
         )
 
-    if copied(sb, sa) < copied(sa, sb):
-        a, b, sa, sb = b, a, sb, sa
-    lhs, rhs, res = layouts(sa, sb)
+    choices = [(sa, sb, True), (sa, sb, False), (sb, sa, True), (sb, sa, False)]
+    left, right, rhs_kn = min(choices, key=lambda c: copied(*c))  # the first of equals
+    if left != sa:
+        a, b = b, a
+    lhs, rhs, res = layouts(left, right, rhs_kn)
+    # Merging is a free reshape of the laid-out operands; unmerged, XLA copies a right
+    # operand with several contracted dimensions into [k, n] again.
+    batch, contracted, free_l, free_r = _indices(left, right, out)
+    groups = {"z": batch, "m": free_l, "k": contracted, "n": free_r}
+
+    def merged(letters: str) -> tuple[str, list[int]]:
+        kept = [g for g in letters if groups[g]]
+        return "".join(kept), [count(groups[g]) for g in kept]
+
+    (sl, shape_l), (sr, shape_r), (so, _) = map(merged, ("zmk", "zkn" if rhs_kn else "znk", "zmn"))
     y = jnp.einsum(
-        f"{''.join(lhs)},{''.join(rhs)}->{''.join(res)}",
-        _laid_out(a, sa, lhs),
-        _laid_out(b, sb, rhs),
+        f"{sl},{sr}->{so}",
+        _laid_out(a, left, lhs).reshape(shape_l),
+        _laid_out(b, right, rhs).reshape(shape_r),
         preferred_element_type=jnp.float32,
     )
-    return _laid_out(y, "".join(res), list(out))
+    return _laid_out(y.reshape([size[c] for c in res]), "".join(res), list(out))
 
 
 def _indices(sa: str, sb: str, out: str) -> tuple[list[str], list[str], list[str], list[str]]:
@@ -195,7 +210,34 @@ def _operands(spec: str) -> tuple[str, str, str]:
 
 def dot_general(precision: str) -> Any:
     """The ``dot_general`` for Flax's ``Dense(dot_general=...)`` layers at ``precision``."""
-    return jax.lax.dot_general if precision == "float32" else rounded_dot_general
+    return flat_dot_general if precision == "float32" else rounded_dot_general
+
+
+def flat_dot_general(lhs: Array, rhs: Array, dimension_numbers: Any, **kwargs: Any) -> Array:
+    """``lax.dot_general`` of a dense layer as a product of two matrices.
+
+    A layer to or from heads (``[d_model, heads, d_k]`` kernels) contracts or produces
+    two dimensions; the gradient then contracts two, and XLA's CPU backend copies the
+    kernel transposed for it. With the groups of dimensions merged (free reshapes) every
+    product, forward and backward, is a plain matrix product. Other products (batch
+    dimensions, contracted dimensions not trailing ``lhs`` and leading ``rhs``) are
+    ``lax.dot_general``'s.
+    """
+    (lhs_contract, rhs_contract), batch = dimension_numbers
+    n = len(lhs_contract)
+    dense = (
+        batch == ((), ())
+        and tuple(lhs_contract) == tuple(range(lhs.ndim - n, lhs.ndim))
+        and tuple(rhs_contract) == tuple(range(n))
+    )
+    if not dense:
+        return jax.lax.dot_general(lhs, rhs, dimension_numbers, **kwargs)
+    free_l, free_r = lhs.shape[: lhs.ndim - n], rhs.shape[n:]
+    k = math.prod(rhs.shape[:n])
+    y = jax.lax.dot_general(
+        lhs.reshape(-1, k), rhs.reshape(k, -1), (((1,), (0,)), ((), ())), **kwargs
+    )
+    return y.reshape(free_l + free_r)
 
 
 def rounded_dot_general(lhs: Array, rhs: Array, dimension_numbers: Any, **_: Any) -> Array:
