@@ -75,6 +75,8 @@ def test_laid_out_is_the_transpose(shape, now, wanted):
     perm = [now.index(c) for c in wanted]
     out = matmul._laid_out(x, now, list(wanted))
     np.testing.assert_array_equal(out, jnp.transpose(x, perm))
+    if x.ndim == 2:
+        np.testing.assert_array_equal(matmul.transposed(x), x.T)
 
 
 def test_after_keeps_the_value_and_the_dependency():

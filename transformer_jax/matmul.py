@@ -119,6 +119,12 @@ def _indices(sa: str, sb: str, out: str) -> tuple[list[str], list[str], list[str
     return batch, contracted, [c for c in sa if c not in sb], [c for c in sb if c not in sa]
 
 
+def transposed(x: Array) -> Array:
+    """The matrix ``x^T``, copied: XLA does not fold this transpose into the product
+    that made ``x`` (see :func:`_laid_out`)."""
+    return _laid_out(x, "ab", ["b", "a"])
+
+
 def _laid_out(x: Array, now: str, wanted: list[str]) -> Array:
     """``x`` (indexed by the letters ``now``) transposed to ``wanted`` and stored so.
 
