@@ -18,6 +18,7 @@ from ml_collections import config_flags
 from transformer_jax.training.loop import train_and_evaluate
 from transformer_jax.training.malloc import retain_freed_memory
 from transformer_jax.training.parallel import maybe_initialize_distributed
+from transformer_jax.training.vectors import prefer_wide_vectors
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _CONFIG = config_flags.DEFINE_config_file(
@@ -34,6 +35,7 @@ def main(argv: list[str]) -> None:
     workdir = _WORKDIR.value or os.path.join("runs", name)
     logging.set_verbosity(logging.WARNING)  # Orbax logs every file it writes at INFO
     retain_freed_memory()  # before JAX starts its threads: steps reuse freed pages
+    prefer_wide_vectors()  # before the first computation: XLA reads its flags then
     try:
         maybe_initialize_distributed(_MULTIHOST.value)
         train_and_evaluate(_CONFIG.value, workdir)

@@ -50,6 +50,7 @@ def machine() -> dict[str, Any]:
         "flax": flax.__version__,
         "backend": jax.default_backend(),
         "devices": [str(d) for d in jax.devices()],
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
     }
 
@@ -58,8 +59,9 @@ def describe_machine(info: dict[str, Any]) -> str:
     loaded = (
         "  (UNDER LOAD: compare ratios only)" if info["load_avg_1min"] > 0.5 * info["nproc"] else ""
     )
+    flags = f", XLA_FLAGS={info['xla_flags']!r}" if info.get("xla_flags") else ""
     return (
-        f"{info['nproc']} x {info['cpu']}, jax {info['jax']} ({info['backend']}), "
+        f"{info['nproc']} x {info['cpu']}, jax {info['jax']} ({info['backend']}){flags}, "
         f"load avg {info['load_avg_1min']}{loaded}, {info['date_utc']} UTC"
     )
 

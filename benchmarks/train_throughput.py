@@ -361,6 +361,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         from transformer_jax.training.malloc import retain_freed_memory
 
         retain_freed_memory()  # as train.py does, before the first JAX computation
+    from transformer_jax.training.vectors import prefer_wide_vectors
+
+    prefer_wide_vectors()  # as train.py does (XLA_FLAGS can set another width)
     info = machine()
     for variant in args.variants.split(","):
         cudnn = VARIANTS[variant].get("model", {}).get("attention_impl") == "cudnn"

@@ -11,6 +11,12 @@ import pytest
 BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
 
 
+@pytest.fixture(autouse=True)
+def _restore_xla_flags(monkeypatch):
+    """train_throughput adds train.py's XLA flag to the environment; keep it to the test."""
+    monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
+
+
 def _script(name: str):
     """Import ``benchmarks/{name}.py`` once (the scripts import their helper ``_common``)."""
     module_name = f"benchmark_{name}"

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from transformer_jax.data import pipeline
-from transformer_jax.training import checkpoints
+from transformer_jax.training import checkpoints, vectors
 from transformer_jax.training.logs import read_metrics
 from transformer_jax.training.loop import train_and_evaluate
 from transformer_jax.training.validation import validate_config
@@ -95,7 +95,12 @@ def losses(workdir):
 
 
 def run_train(config_path, workdir, wait=True):
-    env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+    # XLA's default vector width, which this process compiles with (train.py would choose
+    # 512 on AVX-512): one compilation cache, and losses equal to in-process runs' bits.
+    flags = os.environ.get("XLA_FLAGS", "")
+    if vectors.FLAG not in flags:
+        flags = f"{flags} {vectors.FLAG}=256".strip()
+    env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu", XLA_FLAGS=flags)
     cmd = [
         sys.executable,
         os.path.join(ROOT, "train.py"),

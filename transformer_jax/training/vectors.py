@@ -1,0 +1,39 @@
+"""512-bit vectors in the code XLA's CPU backend generates, on CPUs that have them.
+
+XLA compiles its elementwise fusions (LayerNorm, softmax, dropout, Adam, layout copies)
+with LLVM, and by default asks it for 256-bit vectors (``--xla_cpu_prefer_vector_width=256``)
+even on AVX-512 CPUs. With 512 on the project's 2-core AVX-512 VMs the ``small`` float32
+training step ran 1.035-1.07x as fast (five alternating process pairs), the ``base``
+bfloat16-product step 1.02-1.05x, ``base`` float32 1.01-1.03x; the matrix products run
+in libraries that choose their own vectors. :func:`prefer_wide_vectors` sets it for this
+process unless ``XLA_FLAGS`` already chooses a width.
+"""
+
+from __future__ import annotations
+
+import os
+
+FLAG = "--xla_cpu_prefer_vector_width"
+
+
+def has_avx512(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether the CPU reports AVX-512 (``avx512f``); False where there is no cpuinfo."""
+    try:
+        with open(cpuinfo) as f:
+            return any(line.startswith("flags") and " avx512f" in line for line in f)
+    except OSError:
+        return False
+
+
+def prefer_wide_vectors() -> bool:
+    """Add ``--xla_cpu_prefer_vector_width=512`` to ``XLA_FLAGS`` on AVX-512 CPUs.
+
+    Call it before the first JAX computation (XLA reads its flags when the backend starts;
+    later it has no effect). Leaves a width already in ``XLA_FLAGS`` alone. Returns
+    whether it added the flag.
+    """
+    flags = os.environ.get("XLA_FLAGS", "")
+    if FLAG in flags or not has_avx512():
+        return False
+    os.environ["XLA_FLAGS"] = f"{flags} {FLAG}=512".strip()
+    return True
