@@ -121,7 +121,9 @@ def _indices(sa: str, sb: str, out: str) -> tuple[list[str], list[str], list[str
 
 def transposed(x: Array) -> Array:
     """The matrix ``x^T``, copied: XLA does not fold this transpose into the product
-    that made ``x`` (see :func:`_laid_out`)."""
+    that made ``x`` (see :func:`_laid_out`). Where ``x`` is a bfloat16 product's float32
+    result, ``x.T`` fails at run time on XLA:CPU (jaxlib 0.10.2: "Unsupported element
+    type for DotThunk::Execute: BF16 x BF16 = F32")."""
     return _laid_out(x, "ab", ["b", "a"])
 
 
