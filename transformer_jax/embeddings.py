@@ -70,7 +70,8 @@ def tied_logits(x: Array, embedding: Array, precision: str = "float32") -> Array
     A custom VJP that forms the embedding's gradient as ``(x^T g)^T``, transposing the
     ``[d_model, vocab]`` product; XLA's own derivative on CPU transposed the
     ``[tokens, vocab]`` logit gradient instead, the costliest copy of a training step
-    (also at bfloat16: for ``base``, 49 ms with the product transposed, 63 ms with ``g``).
+    (also at bfloat16: for ``base``, 49 ms with the product transposed, 63 ms with ``g``
+    transposed).
     ``precision``: the products' operand precision (:mod:`transformer_jax.matmul`).
     """
     return matmul.product("...d,vd->...v", x, embedding, precision).astype(x.dtype)
