@@ -74,40 +74,37 @@ def product(spec: str, a: Array, b: Array, precision: str) -> Array:
     size = dict(zip(sa, a.shape, strict=True)) | dict(zip(sb, b.shape, strict=True))
     count = lambda idx: math.prod(size[c] for c in idx)  # noqa: E731
 
-    def layouts(left: str, right: str, rhs_kn: bool) -> tuple[list[str], ...]:
+    # A layout names groups of indices: z batch, m free in the left operand, k contracted,
+    # n free in the right one. The product runs on each group merged into one dimension
+    # (a free reshape once laid out; unmerged, XLA copies a right operand with several
+    # contracted dimensions into [k, n] again).
+    def groups(left: str, right: str) -> dict[str, list[str]]:
         batch, contracted, free_l, free_r = _indices(left, right, out)
-        rhs = batch + (contracted + free_r if rhs_kn else free_r + contracted)
-        return batch + free_l + contracted, rhs, batch + free_l + free_r
+        return {"z": batch, "m": free_l, "k": contracted, "n": free_r}
 
-    def copied(left: str, right: str, rhs_kn: bool) -> int:  # the float32 output counts x2
-        lhs, rhs, res = layouts(left, right, rhs_kn)
-        return (
-            (count(left) if list(left) != lhs else 0)
-            + (count(right) if list(right) != rhs else 0)
-            + (2 * count(res) if res != list(out) else 0)
-        )
+    def indices(group: dict[str, list[str]], layout: str) -> list[str]:
+        return [c for g in layout for c in group[g]]
 
-    choices = [(sa, sb, True), (sa, sb, False), (sb, sa, True), (sb, sa, False)]
-    left, right, rhs_kn = min(choices, key=lambda c: copied(*c))  # the first of equals
+    def copied(left: str, right: str, right_layout: str) -> int:  # float32 result: x2
+        group = groups(left, right)
+        stored = ((left, "zmk", 1), (right, right_layout, 1), (out, "zmn", 2))
+        return sum(w * count(s) for s, layout, w in stored if list(s) != indices(group, layout))
+
+    choices = [(sa, sb, "zkn"), (sa, sb, "znk"), (sb, sa, "zkn"), (sb, sa, "znk")]
+    left, right, right_layout = min(choices, key=lambda c: copied(*c))  # first of equals
     if left != sa:
         a, b = b, a
-    lhs, rhs, res = layouts(left, right, rhs_kn)
-    # Merging is a free reshape of the laid-out operands; unmerged, XLA copies a right
-    # operand with several contracted dimensions into [k, n] again.
-    batch, contracted, free_l, free_r = _indices(left, right, out)
-    groups = {"z": batch, "m": free_l, "k": contracted, "n": free_r}
+    group = groups(left, right)
 
-    def merged(letters: str) -> tuple[str, list[int]]:
-        kept = [g for g in letters if groups[g]]
-        return "".join(kept), [count(groups[g]) for g in kept]
+    def merged(x: Array, now: str, layout: str) -> tuple[str, Array]:
+        kept = "".join(g for g in layout if group[g])
+        shape = [count(group[g]) for g in kept]
+        return kept, _laid_out(x, now, indices(group, layout)).reshape(shape)
 
-    (sl, shape_l), (sr, shape_r), (so, _) = map(merged, ("zmk", "zkn" if rhs_kn else "znk", "zmn"))
-    y = jnp.einsum(
-        f"{sl},{sr}->{so}",
-        _laid_out(a, left, lhs).reshape(shape_l),
-        _laid_out(b, right, rhs).reshape(shape_r),
-        preferred_element_type=jnp.float32,
-    )
+    (sl, lhs), (sr, rhs) = merged(a, left, "zmk"), merged(b, right, right_layout)
+    so = "".join(g for g in "zmn" if group[g])
+    y = jnp.einsum(f"{sl},{sr}->{so}", lhs, rhs, preferred_element_type=jnp.float32)
+    res = indices(group, "zmn")
     return _laid_out(y.reshape([size[c] for c in res]), "".join(res), list(out))
 
 
