@@ -13,12 +13,15 @@ of a datasheet peak.
 (``benchmarks/torch_baseline.py``) in a separate process, alternating blocks of steps
 (JAX, torch, JAX, torch, ...) so that both see the same machine load.
 
-``--variants`` times library options side by side in one process (see ``VARIANTS``), and
-``--compile`` the first step of a fresh process (wall and CPU seconds).
+``--variants`` times library options side by side in one process (see ``VARIANTS``),
+``--compile`` the first step of a fresh process (wall and CPU seconds), and ``--dot-floor``
+every matrix product of each compiled step alone (``benchmarks/dot_floor.py``): the step's
+time if nothing else cost anything, against the step and PyTorch's.
 
     python benchmarks/train_throughput.py                       # small
     python benchmarks/train_throughput.py --configs small,base --vs-torch --json out.json
     python benchmarks/train_throughput.py --variants default,unsafe_rbg,no-dropout,fused
+    python benchmarks/train_throughput.py --configs small,base --vs-torch --dot-floor
     python benchmarks/train_throughput.py --configs base-25k --variants bf16-cudnn,bf16 \
         --peak-tflops 989 --steps 10   # GPU (H100/H200: 989 dense bf16 TFLOP/s)
 """
@@ -38,6 +41,7 @@ from typing import Any
 import _common  # noqa: F401  (puts the repository root on sys.path)
 import numpy as np
 from _common import describe_machine, machine, matmul_ceiling, summary, table, write_json
+from dot_floor import dot_floor
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,18 +150,26 @@ class JaxStep:
             dp = DataParallel(parallel, model, LABEL_SMOOTHING)
             self._step = dp.train_step
             self.state, self.batch = dp.replicate(state), batch
+        self.jitted = parallel == "jit"
         self.count = 0
+
+    def _rng(self) -> Any:
+        import jax
+
+        if self.rng_impl:
+            return jax.random.key(self.count, impl=self.rng_impl)
+        return jax.random.fold_in(self.base_rng, self.count)  # as the training loop does
 
     def step(self) -> None:
         import jax
 
         self.count += 1
-        if self.rng_impl:
-            rng = jax.random.key(self.count, impl=self.rng_impl)
-        else:
-            rng = jax.random.fold_in(self.base_rng, self.count)  # as the training loop does
-        self.state, metrics = self._step(self.state, self.batch, rng)
+        self.state, metrics = self._step(self.state, self.batch, self._rng())
         jax.block_until_ready((self.state, metrics))
+
+    def optimized_hlo(self) -> str:
+        """XLA's optimised HLO of the jitted step (compiled again, not run)."""
+        return self._step.lower(self.state, self.batch, self._rng()).compile().as_text()
 
     def run(self, steps: int) -> tuple[list[float], list[float]]:
         """Wall-clock and process CPU seconds of each of ``steps`` steps."""
@@ -254,6 +266,11 @@ def measure(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     for worker in workers.values():
         if isinstance(worker, TorchWorker):
             worker.close()
+    floors = {}
+    if args.dot_floor:  # unrolled jitted steps only: products in loops would count once
+        for key, worker in workers.items():
+            if isinstance(worker, JaxStep) and worker.jitted and not worker.config.scan_layers:
+                floors[key] = dot_floor(worker.optimized_hlo(), 1 if args.smoke else 10)
 
     config = next(iter(workers.values())).config
     flops = training_flops(config, setting.src_len, setting.tgt_len, setting.batch)
@@ -279,12 +296,70 @@ def measure(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
                 "timed_steps": len(ts),
                 "flops_per_step": flops,
                 "gflops_per_s": flops / s["median"] / 1e9,
+                **({"dot_floor": floors[key]} if key in floors else {}),
             }
         )
     reference = rows[0]["step_s"]["median"]
     for row in rows:
         row["speed_vs_first"] = reference / row["step_s"]["median"]
     return rows
+
+
+def add_floor_ratios(row: dict[str, Any], results: list[dict[str, Any]], ceiling: float) -> None:
+    """The dot floor as MFU, the step's seconds over it, and (with a torch row of the same
+    setting and operand precision) torch's: the most JAX/torch that the products allow."""
+    floor = row["dot_floor"]
+    floor["mfu"] = row["flops_per_step"] / floor["seconds"] / ceiling
+    floor["step_vs_floor"] = row["step_s"]["median"] / floor["seconds"]
+    setting = (row["config"], row["matmul_precision"])
+    for other in results:
+        same = (other["config"], other["matmul_precision"]) == setting
+        if same and other["variant"].startswith("torch"):
+            floor["torch_step_vs_floor"] = other["step_s"]["median"] / floor["seconds"]
+
+
+def print_floors(results: list[dict[str, Any]]) -> None:
+    print(
+        "\ndot floor: every matrix product of the compiled step timed alone, times its count "
+        "(the step if nothing else cost anything); torch / floor = the most JAX/torch it allows"
+    )
+    floored = [r for r in results if "dot_floor" in r]
+    rows = [
+        [
+            r["config"],
+            r["variant"],
+            r["step_s"]["median"],
+            r["dot_floor"]["seconds"],
+            f"{r['dot_floor']['step_vs_floor']:.2f}x",
+            f"{100 * r['dot_floor']['mfu']:.1f}%",
+            f"{r['dot_floor']['flops'] / 1e9:.1f} / {r['flops_per_step'] / 1e9:.1f}",
+            f"{r['dot_floor']['torch_step_vs_floor']:.2f}x"
+            if "torch_step_vs_floor" in r["dot_floor"]
+            else "-",
+        ]
+        for r in floored
+    ]
+    headers = ["config", "variant", "step s", "dot floor s", "step / floor", "MFU at floor"]
+    headers += ["GFLOP in dots / model", "torch step / floor"]
+    print(table(headers, rows))
+    for r in floored:
+        print(f"\n{r['config']} {r['variant']}: the products, slowest in total first")
+        dots = r["dot_floor"]["dots"]
+        print(
+            table(
+                ["count", "product", "ms each", "GFLOP/s", "share of floor"],
+                [
+                    [
+                        d["count"],
+                        d["dot"],
+                        1e3 * d["seconds"],
+                        d["gflops_per_s"],
+                        f"{100 * d['count'] * d['seconds'] / r['dot_floor']['seconds']:.1f}%",
+                    ]
+                    for d in dots
+                ],
+            )
+        )
 
 
 def compile_times(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -325,6 +400,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--compile", action="store_true", help="first-step seconds in fresh processes"
     )
     parser.add_argument("--compile-config", default="small")
+    parser.add_argument(
+        "--dot-floor",
+        action="store_true",
+        help="also time each matrix product of the compiled JAX steps alone (unrolled, jit)",
+    )
     parser.add_argument(
         "--system-malloc",
         action="store_true",
@@ -384,6 +464,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         row["mfu"] = row["gflops_per_s"] * 1e9 / ceiling[row["matmul_precision"]]
         if args.peak_tflops:
             row["mfu_vs_peak"] = row["gflops_per_s"] / (1e3 * args.peak_tflops)
+        if "dot_floor" in row:
+            add_floor_ratios(row, results, ceiling[row["matmul_precision"]])
     compiled = compile_times(args) if args.compile else []
     payload = {
         "machine": info,
@@ -426,6 +508,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     headers += [f"MFU of {args.peak_tflops:g} TFLOP/s"] if args.peak_tflops else []
     headers += ["CPU s/step", "speed vs first row"]
     print(table(headers, rows))
+    if any("dot_floor" in r for r in results):
+        print_floors(results)
     if compiled:
         print("\ncompile: first training step in a fresh process (target < 15 s for small)")
         print(

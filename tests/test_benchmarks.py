@@ -1,5 +1,6 @@
 """Each benchmark script runs end to end on a tiny setting (``--smoke``); no speed assertions."""
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -176,3 +177,62 @@ def test_quality_refuses_a_used_workdir(tmp_path):
         _script("quality").main(
             ["--minutes", "1", "--data-dir", str(data), "--workdir", str(tmp_path / "run")]
         )
+
+
+def _tiny_step(variant: str, layers: int = 1):
+    throughput = _script("train_throughput")
+    setting = throughput.SETTINGS["tiny"]
+    model = dict(setting.model, num_encoder_layers=layers, num_decoder_layers=layers)
+    return throughput.JaxStep(dataclasses.replace(setting, model=model), variant)
+
+
+@pytest.mark.parametrize("variant", ["default", "bf16-matmul"])
+def test_dot_floor_finds_every_product_of_the_step(variant):
+    """The products read from the compiled step do the analytic FLOPs of costs.py."""
+    from transformer_jax.costs import training_flops
+
+    step = _tiny_step(variant)
+    found = _script("dot_floor").dots(step.optimized_hlo())
+    setting = _script("train_throughput").SETTINGS["tiny"]
+    expected = training_flops(step.config, setting.src_len, setting.tgt_len, setting.batch)
+    assert sum(count * dot.flops for dot, count in found.items()) == expected
+    operand_type = "bfloat16" if variant == "bf16-matmul" else "float32"
+    assert {dot.lhs.dtype for dot in found} == {operand_type}
+    assert {dot.out_dtype for dot in found} == {"float32"}
+
+
+def test_dot_floor_refuses_products_in_loops():
+    with pytest.raises(ValueError, match="loop"):
+        _script("dot_floor").dots(_tiny_step("scan", layers=2).optimized_hlo())
+
+
+def test_dot_floor_reads_types_layouts_and_dimensions():
+    hlo = "\n".join(
+        [
+            "HloModule m",
+            "%fused (param_0: f32[64,32], param_1: bf16[8,64,16]) -> f32[32,8,16] {",
+            "  %param_0 = f32[64,32]{0,1} parameter(0)",
+            "  %param_1 = bf16[8,64,16]{2,1,0} parameter(1)",
+            "  ROOT %dot.1 = f32[32,8,16]{2,1,0} dot(%param_0, %param_1), "
+            "lhs_contracting_dims={0}, rhs_contracting_dims={1}",
+            "}",
+        ]
+    )
+    floor = _script("dot_floor")
+    ((dot, count),) = floor.dots(hlo).items()
+    assert count == 1 and dot.out_dtype == "float32"
+    assert (dot.lhs.dtype, dot.lhs.shape, dot.lhs.order) == ("float32", (64, 32), (1, 0))
+    assert (dot.rhs.dtype, dot.rhs.shape, dot.rhs.order) == ("bfloat16", (8, 64, 16), (0, 1, 2))
+    assert (dot.lhs_contracting, dot.rhs_contracting) == ((0,), (1,))
+    assert dot.flops == 2 * 64 * 32 * 8 * 16
+    assert "stored (1, 0)" in dot.describe()
+
+
+def test_train_throughput_dot_floor_smoke():
+    payload = _script("train_throughput").main(["--smoke", "--dot-floor"])
+    (row,) = payload["results"]
+    floor = row["dot_floor"]
+    assert floor["flops"] == row["flops_per_step"] and floor["seconds"] > 0
+    assert floor["step_vs_floor"] == pytest.approx(row["step_s"]["median"] / floor["seconds"])
+    assert "torch_step_vs_floor" not in floor  # no torch row
+    assert sum(d["count"] for d in floor["dots"]) > 0
