@@ -212,7 +212,7 @@ def test_dot_floor_reads_types_layouts_and_dimensions():
             "HloModule m",
             "%fused (param_0: f32[64,32], param_1: bf16[8,64,16]) -> f32[32,8,16] {",
             "  %param_0 = f32[64,32]{0,1} parameter(0)",
-            "  %param_1 = bf16[8,64,16]{2,1,0} parameter(1)",
+            "  %param_1 = bf16[8,64,16]{0,2,1} parameter(1)",
             "  ROOT %dot.1 = f32[32,8,16]{2,1,0} dot(%param_0, %param_1), "
             "lhs_contracting_dims={0}, rhs_contracting_dims={1}",
             "}",
@@ -222,10 +222,11 @@ def test_dot_floor_reads_types_layouts_and_dimensions():
     ((dot, count),) = floor.dots(hlo).items()
     assert count == 1 and dot.out_dtype == "float32"
     assert (dot.lhs.dtype, dot.lhs.shape, dot.lhs.order) == ("float32", (64, 32), (1, 0))
-    assert (dot.rhs.dtype, dot.rhs.shape, dot.rhs.order) == ("bfloat16", (8, 64, 16), (0, 1, 2))
+    assert (dot.rhs.dtype, dot.rhs.shape, dot.rhs.order) == ("bfloat16", (8, 64, 16), (1, 2, 0))
     assert (dot.lhs_contracting, dot.rhs_contracting) == ((0,), (1,))
     assert dot.flops == 2 * 64 * 32 * 8 * 16
-    assert "stored (1, 0)" in dot.describe()
+    assert "stored (1, 0)" in dot.describe() and "stored (1, 2, 0)" in dot.describe()
+    assert floor.time_dot(dot, repeats=1) > 0  # operands made in these layouts fit the dims
 
 
 def test_train_throughput_dot_floor_smoke():
