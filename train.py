@@ -15,10 +15,10 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from transformer_jax.kernels.malloc import retain_freed_memory
+from transformer_jax.kernels.vectors import prefer_wide_vectors
 from transformer_jax.training.loop import train_and_evaluate
-from transformer_jax.training.malloc import retain_freed_memory
 from transformer_jax.training.parallel import maybe_initialize_distributed
-from transformer_jax.training.vectors import prefer_wide_vectors
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _CONFIG = config_flags.DEFINE_config_file(

@@ -1,13 +1,13 @@
 """Scaled dot-product attention: reference vs fused, forward and forward+backward, over N.
 
-``transformer_jax.attention.scaled_dot_product_attention`` with ``impl='reference'`` (the
+``transformer_jax.model.attention.scaled_dot_product_attention`` with ``impl='reference'`` (the
 paper's equation with explicit float32 weights) and ``impl='fused'``
 (``jax.nn.dot_product_attention``), self-attention of N queries over N keys,
 ``[batch, N, heads, head_dim]`` float32, no mask. For each N: median seconds of the jitted
 forward and of the jitted gradient (forward + backward w.r.t. q, k, v), and XLA's own
 memory analysis of each compiled program (``temp_size_in_bytes``: scratch buffers, where
 the N x N scores and probabilities live), next to the analytic size of one float32
-N x N matrix per head (``transformer_jax.costs.attention_matrix_bytes``). The scratch
+N x N matrix per head (``transformer_jax.analysis.costs.attention_matrix_bytes``). The scratch
 memory grows as N^2: 4x per doubling of N.
 
     python benchmarks/attention.py            # N = 128 ... 2048, one head
@@ -24,8 +24,8 @@ import jax
 import jax.numpy as jnp
 from _common import describe_machine, machine, summary, table, time_calls, write_json
 
-from transformer_jax.attention import ATTENTION_IMPLS, scaled_dot_product_attention
-from transformer_jax.costs import attention_matrix_bytes, format_bytes
+from transformer_jax.analysis.costs import attention_matrix_bytes, format_bytes
+from transformer_jax.model.attention import ATTENTION_IMPLS, scaled_dot_product_attention
 
 DEFAULT_IMPLS = "reference,fused"  # 'cudnn' needs a GPU
 

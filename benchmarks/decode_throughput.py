@@ -1,7 +1,7 @@
 """Decoding throughput: greedy and beam search over the KV cache vs re-running the decoder.
 
 * ``greedy (cached)`` and ``beam-k (cached)``: the decoding engineer's
-  ``transformer_jax.decoding.greedy_search`` / ``beam_search`` (one new position per step
+  ``transformer_jax.inference.decoding.greedy_search`` / ``beam_search`` (one new position per step
   over the KV cache inside a jitted ``while_loop``).
 * ``greedy (uncached)``: written here with the library's ``Transformer.decode``: each step
   re-runs the whole decoder over a ``[batch, new_tokens]`` buffer of the prefix (positions
@@ -32,7 +32,7 @@ from _common import describe_machine, machine, summary, table, time_calls, write
 
 from transformer_jax import Transformer, TransformerConfig
 from transformer_jax.data.tokenizer import BOS_ID, EOS_ID
-from transformer_jax.decoding import beam_search, greedy_search
+from transformer_jax.inference.decoding import beam_search, greedy_search
 
 SMALL = dict(
     vocab_size=8000, d_model=256, num_heads=4, d_ff=1024, num_encoder_layers=3, num_decoder_layers=3

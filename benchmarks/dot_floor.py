@@ -6,7 +6,7 @@ layouts, is timed, and the times (each times how often it occurs) add up to the 
 the step's seconds if nothing but the products cost anything and each ran as fast as it
 does alone. It bounds what this machine's XLA kernels allow: the MFU a step can reach
 (model FLOPs / floor / ceiling) and its speed against another framework's step. The
-listed products' FLOPs equal ``transformer_jax.costs``' analytic count when none is
+listed products' FLOPs equal ``transformer_jax.analysis.costs``' analytic count when none is
 missed (the tests check it). Products inside loops (``nn.scan`` over layers) would count
 once each, so such steps are refused.
 """

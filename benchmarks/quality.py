@@ -6,8 +6,8 @@ The run is the project's own command, ``python train.py --config configs/multi30
 workdir. The budget counts everything that command does: tokenizer training, encoding
 the data, compilation and the steps. When it is spent, the trainer gets SIGTERM, which
 makes the training loop finish its step, save a checkpoint and exit. The newest
-checkpoint is then translated (``transformer_jax.translate.translate_lines``, beam 4 and
-greedy) and scored (``transformer_jax.evaluate.bleu``), and its loss, perplexity and
+checkpoint is then translated (``transformer_jax.inference.translation.translate_lines``, beam 4 and
+greedy) and scored (``transformer_jax.inference.bleu.bleu``), and its loss, perplexity and
 accuracy on every dev pair are measured (dev loss rising while training loss falls is
 over-fitting, the thing to tune against); with ``--average N`` so is the mean of the
 last N checkpoints (``transformer_jax.average``, paper §6.1). With ``--minutes 30,60``
@@ -112,7 +112,7 @@ def dev_metrics(
 ) -> dict[str, float]:
     """Loss (label-smoothed), perplexity and accuracy of ``params`` on every pair of the
     run's dev split (``config.data.eval_split``), measured as ``train.py`` measures them."""
-    from transformer_jax.model import Transformer
+    from transformer_jax.model.transformer import Transformer
     from transformer_jax.training.loop import evaluate_loss, split_batches
     from transformer_jax.training.parallel import DataParallel
 
@@ -128,11 +128,11 @@ def evaluate(
 ) -> list[dict[str, Any]]:
     """sacreBLEU on ``split`` of one checkpoint ('latest', 'averaged' or 'snapshots/STEP',
     the parameters after ``minutes`` of training), per beam size, with its dev metrics."""
-    from transformer_jax.config import from_config_dict
     from transformer_jax.data import load_pairs, load_tokenizer
-    from transformer_jax.evaluate import bleu
+    from transformer_jax.inference.bleu import bleu
+    from transformer_jax.inference.translation import translate_lines
+    from transformer_jax.model.config import from_config_dict
     from transformer_jax.training.checkpoints import load_run
-    from transformer_jax.translate import translate_lines
 
     config, params, step = load_run(workdir, checkpoint)
     model_config = from_config_dict(config.model)
@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         scores += evaluate(workdir, args.test_split, beams, f"{SNAPSHOT_DIR}/{snapshot}", minutes)
     scores += evaluate(workdir, args.test_split, beams, "latest", marks[-1])
     if args.average > 1:
-        from transformer_jax.average import average_checkpoints
+        from transformer_jax.cli.average import average_checkpoints
 
         averaged, _ = average_checkpoints(workdir, min(args.average, len(list_steps(workdir))))
         print(f"averaged the checkpoints of steps {averaged}")

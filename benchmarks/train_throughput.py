@@ -4,7 +4,7 @@ A step is the training engineer's ``train_step`` (forward with dropout, the labe
 loss, backward, the Adam update with the paper's schedule) compiled with ``jax.jit`` and
 the train state donated, on a batch of random full-length pairs (no padding). Reported:
 first-step seconds (tracing + XLA compilation + one step), target tokens/s over the timed
-steps (median and min-max), analytic matmul FLOPs per step (``transformer_jax.costs``),
+steps (median and min-max), analytic matmul FLOPs per step (``transformer_jax.analysis.costs``),
 achieved GFLOP/s and their fraction of a matmul ceiling measured on the same machine for
 the products' operand type, float32 or bfloat16 (MFU); ``--peak-tflops`` adds the fraction
 of a datasheet peak.
@@ -124,7 +124,7 @@ class JaxStep:
         import jax
 
         from transformer_jax import Transformer, TransformerConfig
-        from transformer_jax.config import to_dtype
+        from transformer_jax.model.config import to_dtype
         from transformer_jax.training.optimizer import transformer_optimizer, transformer_schedule
         from transformer_jax.training.parallel import DataParallel
         from transformer_jax.training.steps import create_train_state, train_step
@@ -196,7 +196,7 @@ class TorchWorker:
     def __init__(
         self, setting: Setting, threads: int, system_malloc: bool, precision: str = "float32"
     ) -> None:
-        from transformer_jax.training.malloc import retaining_environment
+        from transformer_jax.kernels.malloc import retaining_environment
 
         spec = dict(
             dataclasses.asdict(setting),
@@ -235,7 +235,7 @@ class TorchWorker:
 
 def measure(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     """Time one setting: each JAX variant (and torch), alternating; one row per worker."""
-    from transformer_jax.costs import training_flops
+    from transformer_jax.analysis.costs import training_flops
 
     setting = SETTINGS[name]
     workers: dict[str, Any] = {}
@@ -409,7 +409,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--system-malloc",
         action="store_true",
         help="leave glibc malloc as it is (train.py and, by default, this script and its "
-        "torch process call transformer_jax.training.malloc.retain_freed_memory)",
+        "torch process call transformer_jax.kernels.malloc.retain_freed_memory)",
     )
     parser.add_argument(
         "--peak-tflops",
@@ -438,10 +438,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         raise ValueError(f"--peak-tflops must be > 0, got {args.peak_tflops}")
 
     if not args.system_malloc:
-        from transformer_jax.training.malloc import retain_freed_memory
+        from transformer_jax.kernels.malloc import retain_freed_memory
 
         retain_freed_memory()  # as train.py does, before the first JAX computation
-    from transformer_jax.training.vectors import prefer_wide_vectors
+    from transformer_jax.kernels.vectors import prefer_wide_vectors
 
     prefer_wide_vectors()  # as train.py does (XLA_FLAGS can set another width)
     info = machine()

@@ -1,6 +1,6 @@
 """The paper's base model on WMT14 English->German (Table 3, "base")."""
 
-from transformer_jax.defaults import default_config
+from transformer_jax.training.defaults import default_config
 
 
 def get_config():

@@ -1,6 +1,6 @@
 """The paper's big model on WMT14 English->German (Table 3, "big"; §6.1)."""
 
-from transformer_jax.defaults import default_config
+from transformer_jax.training.defaults import default_config
 
 
 def get_config():

@@ -32,7 +32,7 @@ the sizes are the small model of the PyTorch baseline (d_model 256, 4 heads, d_f
   steps, the last 5 kept for averaging (paper §6.1).
 """
 
-from transformer_jax.defaults import default_config
+from transformer_jax.training.defaults import default_config
 
 
 def get_config():

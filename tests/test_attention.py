@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_jax.attention import (
+from transformer_jax.model.attention import (
     MultiHeadAttention,
     attention_weights,
     causal_mask,

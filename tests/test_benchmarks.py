@@ -144,8 +144,8 @@ def test_quality_dev_metrics_equal_the_training_loops_final_evaluation(tmp_path)
     """What quality.py reports for a checkpoint on the dev split is what train.py measured."""
     quality = _script("quality")  # its helper puts the repository root (configs/) on sys.path
     from configs.tiny import get_config
+    from transformer_jax.cli.common import load
     from transformer_jax.training.loop import train_and_evaluate
-    from transformer_jax.translate import load
 
     config = get_config()
     config.model.update(
@@ -189,7 +189,7 @@ def _tiny_step(variant: str, layers: int = 1):
 @pytest.mark.parametrize("variant", ["default", "bf16-matmul"])
 def test_dot_floor_finds_every_product_of_the_step(variant):
     """The products read from the compiled step do the analytic FLOPs of costs.py."""
-    from transformer_jax.costs import training_flops
+    from transformer_jax.analysis.costs import training_flops
 
     step = _tiny_step(variant)
     found = _script("dot_floor").dots(step.optimized_hlo())

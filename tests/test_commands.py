@@ -14,16 +14,16 @@ import numpy as np
 import pytest
 
 from transformer_jax import Transformer
-from transformer_jax.average import average_params
-from transformer_jax.average import main as average_main
-from transformer_jax.config import from_config_dict
+from transformer_jax.cli.average import average_params
+from transformer_jax.cli.average import main as average_main
+from transformer_jax.cli.evaluate import main as evaluate_main
+from transformer_jax.cli.translate import main as translate_main
 from transformer_jax.data.tokenizer import load_tokenizer, train_tokenizer
-from transformer_jax.defaults import default_config
-from transformer_jax.evaluate import bleu, tokenized_bleu
-from transformer_jax.evaluate import main as evaluate_main
+from transformer_jax.inference.bleu import bleu, tokenized_bleu
+from transformer_jax.inference.translation import translate_lines
+from transformer_jax.model.config import from_config_dict
 from transformer_jax.training.checkpoints import CHECKPOINT_DIR, load_run, save_params
-from transformer_jax.translate import main as translate_main
-from transformer_jax.translate import translate_lines
+from transformer_jax.training.defaults import default_config
 
 SENTENCES = [
     "The cat sits on the mat.",

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from transformer_jax.config import TransformerConfig
+from transformer_jax.model.config import TransformerConfig
 from transformer_jax.training.validation import validate_config
 
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import pytest
 
 from transformer_jax import Transformer, TransformerConfig
-from transformer_jax.costs import (
+from transformer_jax.analysis.costs import (
     attention_matrix_bytes,
     format_bytes,
     forward_flops,

@@ -9,7 +9,7 @@ import pytest
 from transformer_jax.data import batching, pipeline
 from transformer_jax.data.batching import Batcher, EncodedPairs, TrainIterator, eval_batches
 from transformer_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from transformer_jax.defaults import default_config
+from transformer_jax.training.defaults import default_config
 
 MAX_LEN = 32
 
@@ -181,7 +181,7 @@ def test_budget_errors():
 
 
 def test_packed_masks_isolate_segments():
-    from transformer_jax.model import cross_attention_mask, encoder_mask
+    from transformer_jax.model.transformer import cross_attention_mask, encoder_mask
 
     pairs = EncodedPairs.from_lists(
         [[5, 6, 7], [8, 9], [10, 11, 12, 13]], [[14, 15], [16, 17, 18], [19]]
@@ -203,8 +203,8 @@ def test_packed_segments_are_isolated_in_the_model():
     """A packed row gives each pair the logits it gets alone: masks and positions are right."""
     import jax
 
-    from transformer_jax.config import TransformerConfig
-    from transformer_jax.model import Transformer
+    from transformer_jax.model.config import TransformerConfig
+    from transformer_jax.model.transformer import Transformer
 
     pairs = EncodedPairs.from_lists(
         [[5, 6, 7], [8, 9], [10, 11, 12, 13]], [[14, 15], [16, 17, 18], [19]]

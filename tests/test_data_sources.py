@@ -7,7 +7,7 @@ import pytest
 import tensorflow_datasets as tfds
 
 from transformer_jax.data.sources import load_pairs, read_parallel_text, read_tfds
-from transformer_jax.defaults import default_config
+from transformer_jax.training.defaults import default_config
 
 
 def data_config(**changes):

@@ -10,7 +10,7 @@ import pytest
 
 from transformer_jax import Transformer, TransformerConfig
 from transformer_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from transformer_jax.decoding import _greedy, beam_search, greedy_search, length_penalty
+from transformer_jax.inference.decoding import _greedy, beam_search, greedy_search, length_penalty
 
 # Six tokens: PAD, UNK, BOS, EOS and two words; an untied output layer whose bias can
 # steer how likely EOS is.

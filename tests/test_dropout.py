@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_jax.dropout import Dropout, dropout, keep_mask, random_bits, threefry2x32
+from transformer_jax.kernels.dropout import Dropout, dropout, keep_mask, random_bits, threefry2x32
 
 
 @pytest.mark.parametrize("rate", [0.1, 0.3, 0.5])

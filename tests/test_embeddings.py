@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_jax.embeddings import AddPositions, Embed, sinusoidal_positions, tied_logits
+from transformer_jax.model.embeddings import AddPositions, Embed, sinusoidal_positions, tied_logits
 
 
 def test_sinusoidal_hand_values():

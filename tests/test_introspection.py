@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from transformer_jax import Transformer, TransformerConfig
-from transformer_jax.introspection import attention_maps
+from transformer_jax.analysis.introspection import attention_maps
 
 CFG = TransformerConfig(
     vocab_size=13,

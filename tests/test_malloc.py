@@ -1,4 +1,4 @@
-"""glibc malloc settings for CPU training (``transformer_jax.training.malloc``)."""
+"""glibc malloc settings for CPU training (``transformer_jax.kernels.malloc``)."""
 
 import ctypes
 import os
@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from transformer_jax.training.malloc import retaining_environment
+from transformer_jax.kernels.malloc import retaining_environment
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -18,7 +18,7 @@ PROBE = textwrap.dedent(
     """
     import ctypes, sys
     import numpy as np
-    from transformer_jax.training.malloc import retain_freed_memory
+    from transformer_jax.kernels.malloc import retain_freed_memory
 
     class MallInfo2(ctypes.Structure):
         _fields_ = [(name, ctypes.c_size_t) for name in (

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from transformer_jax import Transformer, TransformerConfig, matmul
-from transformer_jax.embeddings import tied_logits
+from transformer_jax.model.embeddings import tied_logits
 from transformer_jax.training.loss import loss_and_metrics
 
 

@@ -8,9 +8,9 @@ import optax
 import pytest
 
 from transformer_jax import Decoder, Encoder, Transformer, TransformerConfig
-from transformer_jax.config import from_config_dict
-from transformer_jax.defaults import default_config
-from transformer_jax.layers import EncoderLayer
+from transformer_jax.model.config import from_config_dict
+from transformer_jax.model.layers import EncoderLayer
+from transformer_jax.training.defaults import default_config
 
 TINY = TransformerConfig(
     vocab_size=40,

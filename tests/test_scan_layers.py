@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from transformer_jax import Transformer, TransformerConfig
-from transformer_jax.decoding import beam_search, greedy_search
-from transformer_jax.introspection import attention_maps
+from transformer_jax.analysis.introspection import attention_maps
+from transformer_jax.inference.decoding import beam_search, greedy_search
 from transformer_jax.training.loss import loss_and_metrics
 
 CFG = TransformerConfig(

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from transformer_jax.data import pipeline
-from transformer_jax.training import checkpoints, vectors
+from transformer_jax.kernels import vectors
+from transformer_jax.training import checkpoints
 from transformer_jax.training.logs import read_metrics
 from transformer_jax.training.loop import train_and_evaluate
 from transformer_jax.training.validation import validate_config

@@ -10,16 +10,16 @@ import textwrap
 import numpy as np
 import pytest
 
-from transformer_jax.config import TransformerConfig
-from transformer_jax.model import Transformer
+from transformer_jax.model.config import TransformerConfig
+from transformer_jax.model.transformer import Transformer
 from transformer_jax.training.parallel import DataParallel, shard_batch
 
 SCRIPT = textwrap.dedent(
     """
     import json
     import jax, numpy as np
-    from transformer_jax.config import TransformerConfig
-    from transformer_jax.model import Transformer
+    from transformer_jax.model.config import TransformerConfig
+    from transformer_jax.model.transformer import Transformer
     from transformer_jax.training import optimizer, parallel, steps
 
     assert jax.device_count() == 4

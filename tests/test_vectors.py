@@ -1,10 +1,10 @@
-"""``transformer_jax.training.vectors``: 512-bit vectors for XLA's CPU code on AVX-512."""
+"""``transformer_jax.kernels.vectors``: 512-bit vectors for XLA's CPU code on AVX-512."""
 
 import os
 
 import pytest
 
-from transformer_jax.training import vectors
+from transformer_jax.kernels import vectors
 
 DEVICES = "--xla_force_host_platform_device_count=4"
 WIDE = "--xla_cpu_prefer_vector_width=512"

@@ -1,14 +1,14 @@
 """transformer_jax: the Transformer of "Attention Is All You Need" in JAX/Flax."""
 
-from transformer_jax.attention import (
+from transformer_jax.model.attention import (
     MultiHeadAttention,
     causal_mask,
     padding_mask,
     scaled_dot_product_attention,
 )
-from transformer_jax.config import TransformerConfig
-from transformer_jax.embeddings import sinusoidal_positions
-from transformer_jax.model import Decoder, Encoder, Transformer
+from transformer_jax.model.config import TransformerConfig
+from transformer_jax.model.embeddings import sinusoidal_positions
+from transformer_jax.model.transformer import Decoder, Encoder, Transformer
 
 __all__ = [
     "Decoder",

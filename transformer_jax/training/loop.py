@@ -23,9 +23,11 @@ import numpy as np
 from tqdm import tqdm
 
 from transformer_jax import data as data_lib
-from transformer_jax.config import TransformerConfig
 from transformer_jax.data.pipeline import make_batcher
-from transformer_jax.model import Transformer
+from transformer_jax.inference.bleu import bleu
+from transformer_jax.inference.translation import translate_lines
+from transformer_jax.model.config import TransformerConfig
+from transformer_jax.model.transformer import Transformer
 from transformer_jax.training import checkpoints
 from transformer_jax.training.logs import METRICS_FILE, MetricsWriter, read_metrics
 from transformer_jax.training.loss import summarize
@@ -101,8 +103,6 @@ def translate_and_score(
     decode: ml_collections.ConfigDict,
 ) -> tuple[float, list[str]]:
     """BLEU of the beam-search translations of ``pairs`` and the translations."""
-    from transformer_jax.evaluate import bleu
-    from transformer_jax.translate import translate_lines
 
     hypotheses = translate_lines(
         model_config,

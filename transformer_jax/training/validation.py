@@ -7,8 +7,8 @@ from typing import Any
 
 import ml_collections
 
-from transformer_jax.config import TransformerConfig, from_config_dict
 from transformer_jax.data.sources import SOURCES
+from transformer_jax.model.config import TransformerConfig, from_config_dict
 from transformer_jax.training.parallel import check_kind
 
 

@@ -15,12 +15,12 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer_jax import matmul
-from transformer_jax.attention import causal_mask, combine_masks, padding_mask, segment_mask
-from transformer_jax.config import TransformerConfig, from_config_dict
-from transformer_jax.dropout import Dropout
-from transformer_jax.embeddings import AddPositions, Embed
-from transformer_jax.layers import DecoderLayer, EncoderLayer, layer_norm
+from transformer_jax.kernels import matmul
+from transformer_jax.kernels.dropout import Dropout
+from transformer_jax.model.attention import causal_mask, combine_masks, padding_mask, segment_mask
+from transformer_jax.model.config import TransformerConfig, from_config_dict
+from transformer_jax.model.embeddings import AddPositions, Embed
+from transformer_jax.model.layers import DecoderLayer, EncoderLayer, layer_norm
 
 Array = jax.Array
 

@@ -31,9 +31,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from transformer_jax.config import TransformerConfig
 from transformer_jax.data.tokenizer import BOS_ID, EOS_ID
-from transformer_jax.model import Transformer
+from transformer_jax.model.config import TransformerConfig
+from transformer_jax.model.transformer import Transformer
 
 Array = jax.Array
 NEG_INF = -jnp.inf

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax import matmul
+from transformer_jax.kernels import matmul
 
 Array = jax.Array
 
@@ -44,7 +44,7 @@ class Embed(nn.Module):
     d_model: int
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
-    matmul_precision: str = "float32"  # of attend's product (transformer_jax.matmul)
+    matmul_precision: str = "float32"  # of attend's product (transformer_jax.kernels.matmul)
 
     def setup(self) -> None:
         self.embedding = self.param(
@@ -72,7 +72,7 @@ def tied_logits(x: Array, embedding: Array, precision: str = "float32") -> Array
     ``[tokens, vocab]`` logit gradient instead, the costliest copy of a training step
     (also at bfloat16: for ``base``, 49 ms with the product transposed, 63 ms with ``g``
     transposed).
-    ``precision``: the products' operand precision (:mod:`transformer_jax.matmul`).
+    ``precision``: the products' operand precision (:mod:`transformer_jax.kernels.matmul`).
     """
     return matmul.product("...d,vd->...v", x, embedding, precision).astype(x.dtype)
 

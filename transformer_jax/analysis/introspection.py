@@ -14,8 +14,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from transformer_jax.config import TransformerConfig
-from transformer_jax.model import Transformer
+from transformer_jax.model.config import TransformerConfig
+from transformer_jax.model.transformer import Transformer
 
 
 def attention_maps(

@@ -7,8 +7,8 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from transformer_jax.attention import ATTENTION_IMPLS
-from transformer_jax.matmul import MATMUL_PRECISIONS
+from transformer_jax.kernels.matmul import MATMUL_PRECISIONS
+from transformer_jax.model.attention import ATTENTION_IMPLS
 
 NORMS = ("post", "pre")
 POSITIONALS = ("sinusoidal", "learned")
@@ -25,8 +25,8 @@ class TransformerConfig:
     weights (§3.4). Deviations used by later work are switches: ``norm='pre'``,
     ``positional='learned'``, ``attention_impl='fused'`` (``'cudnn'`` on GPU),
     ``dtype=bfloat16`` (or only the matrix products' operands: ``matmul_precision``,
-    :mod:`transformer_jax.matmul`); ``scan_layers=True`` compiles each stack's layer once (its
-    parameters are then stacked under ``layers`` instead of ``layer_0`` ... ``layer_{N-1}``).
+    :mod:`transformer_jax.kernels.matmul`); ``scan_layers=True`` compiles each stack's layer
+    once (its parameters are then stacked under ``layers`` instead of ``layer_0`` ... ``layer_{N-1}``).
     Variants are made with ``config.replace(decode=True)``.
     """
 

@@ -14,8 +14,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer_jax import matmul
-from transformer_jax.dropout import dropout
+from transformer_jax.kernels import matmul
+from transformer_jax.kernels.dropout import dropout
 
 Array = jax.Array
 
@@ -63,7 +63,7 @@ def attention_weights(
     """softmax(Q K^T / sqrt(d_k)) as float32 ``[batch, heads, q_len, kv_len]`` (Eq. 1).
 
     Masked positions get weight 0; a query whose keys are all masked gets an
-    all-zero row (never NaN). ``matmul_precision``: see :mod:`transformer_jax.matmul`.
+    all-zero row (never NaN). ``matmul_precision``: see :mod:`transformer_jax.kernels.matmul`.
     """
     scale = q.shape[-1] ** -0.5
     scores = matmul.einsum(
@@ -103,7 +103,7 @@ def scaled_dot_product_attention(
       dropout_rate: dropout on the attention weights (reference only).
       return_weights: also return the float32 weights (reference only).
       matmul_precision: operand precision of the reference path's two products
-        (:mod:`transformer_jax.matmul`); the fused paths compute in the inputs' dtype.
+        (:mod:`transformer_jax.kernels.matmul`); the fused paths compute in the inputs' dtype.
 
     Returns:
       ``[batch, q_len, heads, d_v]`` in ``v.dtype`` (and the weights if asked).

@@ -4,7 +4,7 @@ Each sub-layer is wrapped as in §3.1 and §5.4:
 
 - ``norm='post'`` (paper): ``LayerNorm(x + Dropout(Sublayer(x)))``;
 - ``norm='pre'`` (Xiong et al. 2020): ``x + Dropout(Sublayer(LayerNorm(x)))``, with a
-  final LayerNorm on each stack (applied in :mod:`transformer_jax.model`).
+  final LayerNorm on each stack (applied in :mod:`transformer_jax.model.transformer`).
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from collections.abc import Callable
 import flax.linen as nn
 import jax
 
-from transformer_jax import matmul
-from transformer_jax.attention import MultiHeadAttention, position_wise
-from transformer_jax.config import TransformerConfig
-from transformer_jax.dropout import Dropout
+from transformer_jax.kernels import matmul
+from transformer_jax.kernels.dropout import Dropout
+from transformer_jax.model.attention import MultiHeadAttention, position_wise
+from transformer_jax.model.config import TransformerConfig
 
 Array = jax.Array
 

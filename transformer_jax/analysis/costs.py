@@ -23,8 +23,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from transformer_jax.attention import ATTENTION_IMPLS, scaled_dot_product_attention
-from transformer_jax.config import TransformerConfig
+from transformer_jax.model.attention import ATTENTION_IMPLS, scaled_dot_product_attention
+from transformer_jax.model.config import TransformerConfig
 
 TRAINING_TO_FORWARD = 3  # forward + backward (activation and weight gradients) = 3x forward
 
@@ -109,7 +109,7 @@ def xla_attention_memory(
 ) -> dict[str, int]:
     """XLA's own memory analysis of one compiled scaled dot-product attention call.
 
-    Compiles :func:`~transformer_jax.attention.scaled_dot_product_attention` for
+    Compiles :func:`~transformer_jax.model.attention.scaled_dot_product_attention` for
     q = k = v of shape ``[batch, seq_len, num_heads, head_dim]`` on the default backend and
     returns three fields of ``Compiled.memory_analysis()`` (jax 0.10):
     ``temp_size_in_bytes`` (scratch buffers: for the reference attention the float32

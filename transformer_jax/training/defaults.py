@@ -11,7 +11,7 @@ import dataclasses
 
 import ml_collections
 
-from transformer_jax.config import TransformerConfig
+from transformer_jax.model.config import TransformerConfig
 
 
 def model_defaults() -> ml_collections.ConfigDict:

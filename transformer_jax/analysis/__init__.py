@@ -1,0 +1,1 @@
+"""Analysis: FLOPs and attention-memory estimates, attention maps."""

@@ -1,0 +1,1 @@
+"""Command-line tools: translate, evaluate, average (``python -m transformer_jax.<command>``)."""

@@ -1,0 +1,79 @@
+"""Checkpoint averaging (paper §6.1: "averaging the last 5 checkpoints, which were written
+at 10-minute intervals" for the base model, the last 20 for the big one).
+
+    python -m transformer_jax.average --workdir DIR --last N
+
+writes the element-wise mean of the parameters of the last N checkpoints to
+``{workdir}/averaged`` (tagged with the newest step), which ``translate`` and
+``evaluate`` load with ``--checkpoint averaged``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from transformer_jax.training.checkpoints import AVERAGED_DIR, list_steps, load_run, save_params
+
+
+def average_params(trees: Sequence[Any]) -> Any:
+    """Element-wise mean of parameter pytrees (accumulated in float64, original dtypes)."""
+    if not trees:
+        raise ValueError("need at least one set of parameters to average")
+    total = jax.tree.map(lambda x: np.asarray(x, np.float64), trees[0])
+    for tree in trees[1:]:
+        total = jax.tree.map(lambda t, x: t + np.asarray(x, np.float64), total, tree)
+    return jax.tree.map(lambda t, x: (t / len(trees)).astype(np.asarray(x).dtype), total, trees[0])
+
+
+def average_checkpoints(workdir: str, last: int) -> tuple[list[int], str]:
+    """Average the last ``last`` checkpoints of ``workdir`` into ``{workdir}/averaged``.
+
+    Returns the averaged steps and the output directory.
+    """
+    if not isinstance(last, int) or last < 1:
+        raise ValueError(f"--last must be a positive integer, got {last!r}")
+    if not os.path.isdir(workdir):
+        raise ValueError(f"workdir {workdir!r} does not exist")
+    steps = list_steps(workdir)
+    if len(steps) < last:
+        raise ValueError(
+            f"--last {last} needs {last} checkpoints, {workdir!r} has {len(steps)}: {steps}"
+        )
+    steps = steps[-last:]
+    params = average_params([load_run(workdir, step)[1] for step in steps])
+    directory = os.path.join(workdir, AVERAGED_DIR)
+    shutil.rmtree(directory, ignore_errors=True)  # replace an earlier average
+    save_params(directory, params, steps[-1])
+    return steps, directory
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m transformer_jax.average",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--workdir", required=True, help="training run directory")
+    parser.add_argument(
+        "--last", type=int, default=5, help="checkpoints to average (paper: 5 base, 20 big)"
+    )
+    args = parser.parse_args(argv)
+    try:
+        steps, directory = average_checkpoints(args.workdir, args.last)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"averaged the parameters of steps {steps} into {directory}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

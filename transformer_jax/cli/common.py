@@ -1,0 +1,79 @@
+"""What the translate and evaluate commands share: loading a run, decoding flags, reading lines."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from typing import Any
+
+from transformer_jax.data.tokenizer import Tokenizer, load_tokenizer
+from transformer_jax.model.config import TransformerConfig, from_config_dict
+from transformer_jax.training.checkpoints import load_run, parse_checkpoint
+
+log = logging.getLogger(__name__)
+
+
+def load(workdir: str, checkpoint: str) -> tuple[Any, TransformerConfig, Any, Tokenizer]:
+    """``(run config, model config, params, tokenizer)`` of a workdir; ValueError if absent.
+
+    ``checkpoint`` is ``'latest'``, ``'averaged'``, a step number (as text) or
+    ``'snapshots/STEP'``.
+    """
+    if not os.path.isdir(workdir):
+        raise ValueError(f"workdir {workdir!r} does not exist")
+    parse_checkpoint(checkpoint)  # a bad name fails before anything is read
+    tokenizer = load_tokenizer(os.path.join(workdir, "tokenizer.model"))
+    run, params, step = load_run(workdir, checkpoint)
+    log.info("loaded %s checkpoint (step %d) from %s", checkpoint, step, workdir)
+    return run, from_config_dict(run.model), params, tokenizer
+
+
+def add_decode_flags(parser: argparse.ArgumentParser) -> None:
+    """Flags shared with ``transformer_jax.evaluate``; unset ones come from config.decode."""
+    parser.add_argument("--workdir", required=True, help="training run directory")
+    parser.add_argument(
+        "--checkpoint",
+        default="latest",
+        help="'latest' (default), 'averaged', a step, or 'snapshots/STEP' (saved on SIGUSR1)",
+    )
+    parser.add_argument("--beam_size", type=int, help="default: config.decode.beam_size (4)")
+    parser.add_argument("--alpha", type=float, help="length penalty; default: config (0.6)")
+    parser.add_argument("--max_extra_len", type=int, help="output <= input + this (default 50)")
+    parser.add_argument("--max_src_len", type=int, help="truncate longer sources (tokens)")
+    parser.add_argument("--batch_size", type=int, default=64, help="sentences per batch")
+
+
+def decode_options(args: argparse.Namespace, run: Any) -> dict[str, Any]:
+    """translate_lines keyword arguments: the flags, else the run's config.decode."""
+    decode = run.get("decode", {})
+    pick = lambda flag, key, default: (  # noqa: E731
+        getattr(args, flag) if getattr(args, flag) is not None else decode.get(key, default)
+    )
+    return {
+        "beam_size": pick("beam_size", "beam_size", 4),
+        "alpha": pick("alpha", "alpha", 0.6),
+        "max_extra_len": pick("max_extra_len", "max_extra_len", 50),
+        "max_src_len": args.max_src_len,
+        "batch_size": args.batch_size,
+    }
+
+
+def read_lines(path: str | None) -> list[str]:
+    """Lines of ``path`` (UTF-8), or of stdin when ``path`` is None.
+
+    Only ``\n`` (or ``\r\n``) ends a line: unlike ``str.splitlines``, characters such as
+    U+2028 inside a sentence do not split it, so outputs stay aligned with inputs.
+    """
+    if path is None:
+        data = sys.stdin.buffer.read()
+    elif not os.path.isfile(path):
+        raise ValueError(f"input file {path!r} does not exist")
+    else:
+        with open(path, "rb") as f:
+            data = f.read()
+    lines = data.decode("utf-8").split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return [line.removesuffix("\r") for line in lines]

@@ -1,0 +1,1 @@
+"""Inference: decoding (greedy, beam), translation of lines, BLEU."""
