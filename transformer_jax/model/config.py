@@ -26,7 +26,8 @@ class TransformerConfig:
     ``positional='learned'``, ``attention_impl='fused'`` (``'cudnn'`` on GPU),
     ``dtype=bfloat16`` (or only the matrix products' operands: ``matmul_precision``,
     :mod:`transformer_jax.kernels.matmul`); ``scan_layers=True`` compiles each stack's layer
-    once (its parameters are then stacked under ``layers`` instead of ``layer_0`` ... ``layer_{N-1}``).
+    once (its parameters are then stacked under ``layers`` instead of ``layer_0`` ...
+    ``layer_{N-1}``).
     Variants are made with ``config.replace(decode=True)``.
     """
 
