@@ -1,0 +1,223 @@
+"""The package's import graph: acyclic, layered by data flow, no imports inside functions.
+
+Every module under ``transformer_jax/`` (and ``train.py``) is parsed with ``ast``; an edge
+``a -> b`` is an import of package module ``b`` anywhere in ``a`` (top level or in a function).
+Imports flow one way: kernels <- model <- data/training/inference <- cli (DESIGN.md's layout).
+"""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = "transformer_jax"
+
+# Third-party modules a function may import lazily: optional or slow to import, and only
+# needed on one path (TensorBoard logs, TFDS sources, the PyTorch baseline).
+LAZY_IMPORTS_ALLOWED = {"tensorboardX", "tensorflow_datasets", "torch"}
+
+# (importer prefix, imported prefix): the importer must not import that part of the package.
+FORBIDDEN = [
+    ("transformer_jax.kernels", "transformer_jax.model"),
+    ("transformer_jax.kernels", "transformer_jax.data"),
+    ("transformer_jax.kernels", "transformer_jax.training"),
+    ("transformer_jax.kernels", "transformer_jax.inference"),
+    ("transformer_jax.kernels", "transformer_jax.analysis"),
+    ("transformer_jax.model", "transformer_jax.data"),
+    ("transformer_jax.model", "transformer_jax.training"),
+    ("transformer_jax.model", "transformer_jax.inference"),
+    ("transformer_jax.model", "transformer_jax.analysis"),
+    ("transformer_jax.data", "transformer_jax.training"),
+    ("transformer_jax.data", "transformer_jax.inference"),
+    ("transformer_jax.data", "transformer_jax.analysis"),
+    ("transformer_jax.analysis", "transformer_jax.data"),
+    ("transformer_jax.analysis", "transformer_jax.training"),
+    ("transformer_jax.analysis", "transformer_jax.inference"),
+    # Inference may read a run's files (training.checkpoints), never the training loop.
+    ("transformer_jax.inference", "transformer_jax.training.loop"),
+    ("transformer_jax.inference", "transformer_jax.training.steps"),
+    ("transformer_jax.inference", "transformer_jax.training.parallel"),
+    ("transformer_jax.inference", "transformer_jax.training.optimizer"),
+    ("transformer_jax.inference", "transformer_jax.training.loss"),
+]
+# Only the commands (and their ``python -m transformer_jax.<command>`` shims) import cli.
+CLI_SHIMS = {"transformer_jax.translate", "transformer_jax.evaluate", "transformer_jax.average"}
+# Leaf modules hold the ids and enums that others validate against: they import no other
+# package module except other leaves (modules that import nothing from the package).
+LEAVES = {"transformer_jax.model.config", "transformer_jax.data.tokenizer"}
+# Known departures from the target layout, each to be removed by the change that fixes it.
+PENDING = {
+    # config validates attention_impl against ATTENTION_IMPLS defined in attention.py.
+    ("transformer_jax.model.config", "transformer_jax.model.attention"),
+}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def package_files() -> dict[str, Path]:
+    files = {module_name(p): p for p in sorted((ROOT / PACKAGE).rglob("*.py"))}
+    files["train"] = ROOT / "train.py"
+    return files
+
+
+def imported_names(node: ast.AST, importer: str, is_package: bool) -> list[str]:
+    """The absolute module names one import statement names (``from a import b``: a and a.b)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if node.level:  # relative: resolve against the importer's package
+        base = importer.split(".") if is_package else importer.split(".")[:-1]
+        base = base[: len(base) - (node.level - 1)]
+        module = ".".join(base + ([node.module] if node.module else []))
+    else:
+        module = node.module
+    return [module] + [f"{module}.{alias.name}" for alias in node.names]
+
+
+def scan(source: str, importer: str, is_package: bool = False):
+    """(top-level module names, names imported inside functions) of one module's source."""
+    names, lazy = set(), set()
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.Import | ast.ImportFrom):
+                found = imported_names(child, importer, is_package)
+                names.update(found)
+                if in_function:
+                    lazy.update(found[:1] if isinstance(child, ast.ImportFrom) else found)
+            inside = in_function or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef)
+            visit(child, inside)
+
+    visit(ast.parse(source), False)
+    return names, lazy
+
+
+def build_graph(files: dict[str, Path]):
+    """{module: set of package modules it imports}, {module: names imported in functions}."""
+    graph, lazy = {}, {}
+    for name, path in files.items():
+        names, in_functions = scan(path.read_text(), name, path.name == "__init__.py")
+        # ``from pkg import sub`` names pkg.sub (a module) or pkg's attribute: keep modules.
+        graph[name] = {n for n in names if n in files and n != name}
+        lazy[name] = in_functions
+    return graph, lazy
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle ``[a, b, ..., a]`` of the directed graph, or None (depth-first search)."""
+    state = {}  # 1: on the current path, 2: done
+    path = []
+
+    def visit(node):
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt) :] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def violations(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """Edges that break the layering (FORBIDDEN, cli imports, leaves importing non-leaves)."""
+
+    def under(name, prefix):
+        return name == prefix or name.startswith(prefix + ".")
+
+    bad = set()
+    for importer, imported in graph.items():
+        for target in imported:
+            if any(under(importer, a) and under(target, b) for a, b in FORBIDDEN):
+                bad.add((importer, target))
+            commands = under(importer, "transformer_jax.cli") or importer in CLI_SHIMS
+            if under(target, "transformer_jax.cli") and not (commands or importer == "train"):
+                bad.add((importer, target))
+            if importer in LEAVES and {m for m in graph[target] if m != PACKAGE}:
+                bad.add((importer, target))
+    return bad
+
+
+@pytest.fixture(scope="module")
+def graph_and_lazy():
+    return build_graph(package_files())
+
+
+def test_the_import_graph_is_acyclic(graph_and_lazy):
+    graph, _ = graph_and_lazy
+    assert len(graph) > 30  # the whole package was parsed
+    assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
+
+
+def test_no_imports_inside_functions_except_optional_heavy_dependencies(graph_and_lazy):
+    _, lazy = graph_and_lazy
+    found = {
+        f"{module}: {name}"
+        for module, names in lazy.items()
+        for name in names
+        if name.split(".")[0] not in LAZY_IMPORTS_ALLOWED
+    }
+    assert not found, sorted(found)
+
+
+def test_the_package_is_layered_by_data_flow(graph_and_lazy):
+    graph, _ = graph_and_lazy
+    bad = violations(graph)
+    assert not bad - PENDING, sorted(bad - PENDING)
+    assert not PENDING - bad, f"fixed, remove from PENDING: {sorted(PENDING - bad)}"
+
+
+# The checker itself, on synthetic graphs and sources.
+
+
+def test_find_cycle_finds_a_cycle_and_accepts_a_dag():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+    assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"x": {"a"}, "a": {"b"}, "b": {"a"}}) == ["a", "b", "a"]
+
+
+def test_scan_sees_imports_in_functions_and_resolves_relative_ones():
+    source = (
+        "import os\n"
+        "from transformer_jax.model import config\n"
+        "def f():\n"
+        "    import torch\n"
+        "    from transformer_jax.training.loop import train_and_evaluate\n"
+        "class C:\n"
+        "    def g(self):\n"
+        "        from .tokenizer import BOS_ID\n"
+    )
+    names, lazy = scan(source, "transformer_jax.data.batching")
+    assert {"os", "transformer_jax.model.config", "transformer_jax.training.loop"} <= names
+    assert "transformer_jax.data.tokenizer.BOS_ID" in names
+    assert lazy == {"torch", "transformer_jax.training.loop", "transformer_jax.data.tokenizer"}
+
+
+def test_violations_finds_each_kind_of_layering_break():
+    graph = {
+        "transformer_jax.model.layers": {"transformer_jax.training.steps"},
+        "transformer_jax.training.steps": set(),
+        "transformer_jax.inference.decoding": {"transformer_jax.cli.common"},
+        "transformer_jax.cli.common": {"transformer_jax.training.checkpoints"},
+        "transformer_jax.training.checkpoints": set(),
+        "transformer_jax.model.config": {"transformer_jax.model.layers"},
+        "transformer_jax.translate": {"transformer_jax.cli.common"},
+    }
+    assert violations(graph) == {
+        ("transformer_jax.model.layers", "transformer_jax.training.steps"),
+        ("transformer_jax.inference.decoding", "transformer_jax.cli.common"),
+        ("transformer_jax.model.config", "transformer_jax.model.layers"),
+    }
