@@ -1,8 +1,9 @@
 """One shared source+target sentencepiece BPE vocabulary (paper §5.1: "byte-pair encoding,
 which has a shared source-target vocabulary of about 37000 tokens").
 
-The special ids are defined here, once: PAD 0, UNK 1, BOS 2, EOS 3. Byte fallback turns
-characters unseen in training into byte pieces, so no input text can fail to encode.
+The special ids are those of :mod:`transformer_jax.ids` (PAD 0, UNK 1, BOS 2, EOS 3).
+Byte fallback turns characters unseen in training into byte pieces, so no input text can
+fail to encode.
 """
 
 from __future__ import annotations
@@ -15,10 +16,7 @@ from collections.abc import Iterable, Sequence
 
 import sentencepiece as spm
 
-PAD_ID = 0
-UNK_ID = 1
-BOS_ID = 2
-EOS_ID = 3
+from transformer_jax.ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 # 4 specials + 256 byte-fallback pieces (+ the characters of the corpus).
 MIN_VOCAB_SIZE = 4 + 256
