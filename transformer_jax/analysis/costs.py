@@ -111,13 +111,13 @@ def xla_attention_memory(
 
     Compiles :func:`~transformer_jax.model.attention.scaled_dot_product_attention` for
     q = k = v of shape ``[batch, seq_len, num_heads, head_dim]`` on the default backend and
-    returns three fields of ``Compiled.memory_analysis()`` (jax 0.10):
+    returns three fields of ``Compiled.memory_analysis()``:
     ``temp_size_in_bytes`` (scratch buffers: for the reference attention the float32
     N x N scores and probabilities), ``argument_size_in_bytes`` (q, k, v) and
     ``output_size_in_bytes``. Nothing is executed.
 
     ``impl='fused'`` calls :func:`jax.nn.dot_product_attention` without an
-    ``implementation``, which in jax 0.10 is its XLA path on every backend: the same
+    ``implementation``, which is its XLA path on every backend: the same
     N x N buffers. Only ``implementation='cudnn'`` (GPU, fp16/bf16) is flash attention,
     whose scratch memory grows as N rather than N^2.
     """
