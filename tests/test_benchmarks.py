@@ -1,4 +1,8 @@
-"""Each benchmark script runs end to end on a tiny setting (``--smoke``); no speed assertions."""
+"""Each benchmark script runs end to end on a tiny setting (``--smoke``); no speed assertions.
+
+Checks of the scripts' own machinery (HLO parsing, MFU arithmetic, settings) are marked
+``benchmark_internals`` and run with ``python -m pytest -m benchmark_internals``.
+"""
 
 import dataclasses
 import importlib.util
@@ -49,6 +53,7 @@ def test_train_throughput_vs_torch_smoke():
     assert torch_row["variant"] == "torch" and torch_row["speed_vs_first"] > 0
 
 
+@pytest.mark.benchmark_internals
 def test_train_throughput_bf16_rows_use_the_bf16_ceiling():
     variants = "default,bf16-matmul,bf16"
     payload = _script("train_throughput").main(["--smoke", "--variants", variants])
@@ -68,6 +73,7 @@ def test_train_throughput_rejects_unknown_config():
         _script("train_throughput").main(["--configs", "huge"])
 
 
+@pytest.mark.benchmark_internals
 def test_train_throughput_mfu_against_a_datasheet_peak():
     payload = _script("train_throughput").main(["--smoke", "--peak-tflops", "0.5"])
     (row,) = payload["results"]
@@ -77,6 +83,7 @@ def test_train_throughput_mfu_against_a_datasheet_peak():
         _script("train_throughput").main(["--smoke", "--peak-tflops", "0"])
 
 
+@pytest.mark.benchmark_internals
 def test_train_throughput_gpu_setting_is_the_papers_batch():
     setting = _script("train_throughput").SETTINGS["base-25k"]
     for length in (setting.src_len, setting.tgt_len):  # §5.1: ~25,000 tokens on each side
@@ -140,6 +147,7 @@ def test_quality_smoke(tmp_path):
     assert payload["loss_curve"] and "loss" in payload["loss_curve"][0]
 
 
+@pytest.mark.benchmark_internals
 def test_quality_dev_metrics_equal_the_training_loops_final_evaluation(tmp_path):
     """What quality.py reports for a checkpoint on the dev split is what train.py measured."""
     quality = _script("quality")  # its helper puts the repository root (configs/) on sys.path
@@ -186,6 +194,7 @@ def _tiny_step(variant: str, layers: int = 1):
     return throughput.JaxStep(dataclasses.replace(setting, model=model), variant)
 
 
+@pytest.mark.benchmark_internals
 @pytest.mark.parametrize("variant", ["default", "bf16-matmul"])
 def test_dot_floor_finds_every_product_of_the_step(variant):
     """The products read from the compiled step do the analytic FLOPs of costs.py."""
@@ -201,11 +210,13 @@ def test_dot_floor_finds_every_product_of_the_step(variant):
     assert {dot.out_dtype for dot in found} == {"float32"}
 
 
+@pytest.mark.benchmark_internals
 def test_dot_floor_refuses_products_in_loops():
     with pytest.raises(ValueError, match="loop"):
         _script("dot_floor").dots(_tiny_step("scan", layers=2).optimized_hlo())
 
 
+@pytest.mark.benchmark_internals
 def test_dot_floor_reads_types_layouts_and_dimensions():
     hlo = "\n".join(
         [
