@@ -8,7 +8,12 @@ import numpy as np
 import optax
 import pytest
 
-from transformer_jax.training.loss import loss_and_metrics, smoothed_cross_entropy, summarize
+from transformer_jax.training.loss import (
+    loss_and_metrics,
+    smoothed_cross_entropy,
+    smoothed_target,
+    summarize,
+)
 from transformer_jax.training.optimizer import transformer_optimizer, transformer_schedule
 from transformer_jax.training.steps import apply_gradients, create_train_state
 
@@ -135,3 +140,53 @@ def test_custom_loss_gradient_equals_autodiff_of_the_formula():
     # and through jit, with bfloat16 logits the gradient keeps their dtype
     bf16 = jax.jit(jax.grad(lambda x: smoothed_cross_entropy(x, targets, 0.1).sum()))
     assert bf16(logits.astype(jnp.bfloat16)).dtype == jnp.bfloat16
+
+
+@pytest.mark.parametrize("convention", ["t2t", "uniform"])
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1, 0.3])
+def test_cross_entropy_metric_equals_optax(convention, label_smoothing):
+    """The ``cross_entropy`` metric is optax's softmax cross-entropy against q: with
+    'uniform' against ``optax.smooth_labels`` itself (PyTorch's convention), with 't2t'
+    against the same call at eps * V / (V - 1), which gives eps / (V - 1) to each other token.
+    """
+    vocab = 11
+    logits = 3.0 * jax.random.normal(jax.random.PRNGKey(4), (2, 5, vocab))
+    targets = jax.random.randint(jax.random.PRNGKey(5), (2, 5), 1, vocab).at[1, 3:].set(0)
+    eps = label_smoothing * (vocab / (vocab - 1) if convention == "t2t" else 1.0)
+    q = optax.smooth_labels(jax.nn.one_hot(targets, vocab), eps)
+    reference = optax.softmax_cross_entropy(logits, q)
+    weights = np.asarray(targets != 0)
+    loss, m = loss_and_metrics(logits, targets, 0, label_smoothing, convention)
+    np.testing.assert_allclose(m["cross_entropy"], reference[weights].sum(), rtol=1e-5)
+    # the optimised loss is the KL form: the cross-entropy less the target's entropy
+    entropy = -(q * np.log(np.where(q > 0, q, 1.0))).sum(-1)
+    np.testing.assert_allclose(loss, (reference - entropy)[weights].sum(), rtol=1e-5)
+    np.testing.assert_allclose(
+        m["nll"],
+        optax.softmax_cross_entropy_with_integer_labels(logits, targets)[weights].sum(),
+        rtol=1e-5,
+    )
+    s = summarize({k: float(v) for k, v in m.items()})
+    np.testing.assert_allclose(s["cross_entropy"], reference[weights].mean(), rtol=1e-5)
+    np.testing.assert_allclose(s["nll"], float(m["nll"]) / weights.sum(), rtol=1e-6)
+
+
+def test_uniform_convention_by_hand():
+    # V = 4, eps = 0.1: every token gets 0.1 / 4 = 0.025, the reference 0.9 + 0.025.
+    z = np.array([2.0, 0.0, -1.0, 0.5])
+    log_p = z - np.log(np.exp(z).sum())
+    q = np.array([0.925, 0.025, 0.025, 0.025])
+    logits, targets = jnp.asarray(z)[None, None], jnp.array([[0]])
+    _, m = loss_and_metrics(logits, targets, pad_id=1, label_smoothing=0.1, convention="uniform")
+    np.testing.assert_allclose(float(m["cross_entropy"]), -(q * log_p).sum(), rtol=1e-6)
+    kl = smoothed_cross_entropy(logits, targets, 0.1, "uniform")
+    np.testing.assert_allclose(float(kl[0, 0]), (q * (np.log(q) - log_p)).sum(), rtol=1e-5)
+    assert smoothed_target(4, 0.1, "uniform")[:2] == pytest.approx((0.925, 0.025))
+    assert smoothed_target(4, 0.1, "t2t")[:2] == pytest.approx((0.9, 0.1 / 3))
+    grad = jax.grad(lambda x: smoothed_cross_entropy(x, targets, 0.1, "uniform").sum())(logits)
+    np.testing.assert_allclose(grad[0, 0], np.exp(log_p) - q, rtol=1e-5, atol=1e-7)
+
+
+def test_unknown_convention_names_the_field():
+    with pytest.raises(ValueError, match="label_smoothing_convention"):
+        loss_and_metrics(jnp.zeros((1, 1, 4)), jnp.array([[1]]), 0, 0.1, "torch")
