@@ -112,14 +112,15 @@ def dev_metrics(
 ) -> dict[str, float]:
     """Loss (label-smoothed), perplexity and accuracy of ``params`` on every pair of the
     run's dev split (``config.data.eval_split``), measured as ``train.py`` measures them."""
+    from transformer_jax.data.pipeline import eval_split_batches
     from transformer_jax.model.transformer import Transformer
-    from transformer_jax.training.loop import evaluate_loss, split_batches
+    from transformer_jax.training.evaluator import evaluate_loss
     from transformer_jax.training.parallel import DataParallel
 
     dp = DataParallel(
         config.train.parallel, Transformer(model_config), config.train.label_smoothing
     )
-    batches = split_batches(config, workdir, tokenizer, dp.num_devices, config.data.eval_split)
+    batches, _ = eval_split_batches(config.data, workdir, tokenizer, dp.num_devices)
     return evaluate_loss(dp, dp.replicate(params), batches)
 
 

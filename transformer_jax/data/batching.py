@@ -84,11 +84,17 @@ def batch_rows(tokens_per_batch: int, length: int, num_shards: int) -> int:
     return rows
 
 
-def padding_efficiency(batch: Batch) -> float:
-    """Real tokens / token slots of a batch (source and target together)."""
+def token_counts(batch: Batch) -> tuple[int, int]:
+    """``(real tokens, token slots)`` of a batch, source and target together."""
     src, tgt = batch["src"], batch["tgt_out"]
     real = np.count_nonzero(src != PAD_ID) + np.count_nonzero(tgt != PAD_ID)
-    return float(real) / float(src.size + tgt.size)
+    return int(real), int(src.size + tgt.size)
+
+
+def padding_efficiency(batch: Batch) -> float:
+    """Real tokens / token slots of a batch (source and target together)."""
+    real, slots = token_counts(batch)
+    return real / slots
 
 
 @dataclasses.dataclass(frozen=True)
@@ -285,9 +291,9 @@ class TrainIterator(Iterator[Batch]):
             plan = self.epoch_plan(self.epoch)
         batch = self.batcher.fill(plan[self.index])
         self.index += 1
-        self._real_tokens += np.count_nonzero(batch["src"] != PAD_ID)
-        self._real_tokens += np.count_nonzero(batch["tgt_out"] != PAD_ID)
-        self._slots += batch["src"].size + batch["tgt_out"].size
+        real, slots = token_counts(batch)
+        self._real_tokens += real
+        self._slots += slots
         return batch
 
     def stats(self) -> dict[str, float]:

@@ -110,9 +110,10 @@ def train_iterator(
 def eval_split_batches(
     data_config: Any, workdir: str, tokenizer: Tokenizer, num_shards: int, split: str | None = None
 ) -> tuple[list[Batch], dict[str, int]]:
-    """Bucketed batches of every pair of ``split`` (default ``data.eval_split``) and counts."""
+    """Every pair of ``split`` (default ``data.eval_split``) once, batched like training
+    (packed or bucketed), and the counts of pairs kept and dropped as too long."""
     split = split or data_config.eval_split
     encoded = encoded_split(data_config, split, tokenizer, workdir)
-    batcher = make_batcher(data_config, encoded, num_shards, packing=False)
+    batcher = make_batcher(data_config, encoded, num_shards)
     counts = {"pairs": len(batcher.kept), "dropped_too_long": batcher.dropped_too_long}
     return eval_batches(batcher), counts

@@ -18,12 +18,19 @@ import jax
 import ml_collections
 import orbax.checkpoint as ocp
 
+from transformer_jax.training.steps import TrainState
+
 CHECKPOINT_DIR = "checkpoints"
 AVERAGED_DIR = "averaged"
 SNAPSHOT_DIR = "snapshots"
 CONFIG_FILE = "config.json"
 
 log = logging.getLogger(__name__)
+
+
+def _train_items(state: TrainState) -> dict[str, Any]:
+    """What a checkpoint's ``train`` item holds of the train state."""
+    return {"step": state.step, "opt_state": state.opt_state, "rng": state.rng}
 
 
 def _manager(directory: str, keep: int | None = None, create: bool = True) -> ocp.CheckpointManager:
@@ -51,6 +58,19 @@ class Checkpointer:
             ),
             force=True,
         )
+
+    def save_state(self, state: TrainState, data: dict[str, Any]) -> None:
+        """Start saving the host train state ``state`` and the data iterator position."""
+        self.save(int(state.step), state.params, _train_items(state), data)
+
+    def restore_state(self, state: TrainState) -> tuple[TrainState, dict] | None:
+        """``(state, data)`` of the newest checkpoint that restores, else None; ``state``
+        is a host train state giving the structure and dtypes."""
+        restored = self.restore_latest(state.params, _train_items(state))
+        if restored is None:
+            return None
+        _, params, train, data = restored
+        return state.replace(params=params, **train), data
 
     def restore_latest(
         self, params: Any, train: dict[str, Any]
@@ -93,9 +113,11 @@ class Checkpointer:
         return self.manager.latest_step()
 
     def close(self) -> None:
-        """Wait for pending saves and release the manager."""
-        self.manager.wait_until_finished()
-        self.manager.close()
+        """Wait for pending saves and release the manager (once; later calls do nothing)."""
+        if self.manager is not None:
+            self.manager.wait_until_finished()
+            self.manager.close()
+            self.manager = None
 
 
 def list_steps(workdir: str, kind: str = CHECKPOINT_DIR) -> list[int]:

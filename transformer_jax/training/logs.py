@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from typing import Any
+
+from transformer_jax.data.batching import Batch, token_counts
+from transformer_jax.training.loss import summarize
 
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
@@ -46,6 +50,52 @@ class MetricsWriter:
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
+
+
+class MetricsWindow:
+    """Sums of the training metrics since the last log step, and the record they make.
+
+    Tokens/s counts training time only (:meth:`restart_clock` after an evaluation);
+    ``grad_norm`` is logged as the mean per step.
+    """
+
+    KEYS = ("loss", "nll", "tokens", "correct", "grad_norm", "steps")
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.sums = dict.fromkeys(self.KEYS, 0.0)
+        self.real_tokens, self.slots = 0, 0
+        self.started = time.perf_counter()
+
+    def add_batch(self, batch: Batch) -> None:
+        real, slots = token_counts(batch)
+        self.real_tokens += real
+        self.slots += slots
+
+    def add_step(self, metrics: dict[str, float]) -> None:
+        for key in self.KEYS:
+            self.sums[key] += metrics.get(key, 1.0 if key == "steps" else 0.0)
+
+    def tokens_per_sec(self) -> float:
+        return self.real_tokens / max(time.perf_counter() - self.started, 1e-9)
+
+    def record(self, learning_rate: float) -> dict[str, float]:
+        """The log record of the window (then empty)."""
+        record = summarize(self.sums)
+        record.update(
+            grad_norm=self.sums["grad_norm"] / max(self.sums["steps"], 1.0),
+            learning_rate=learning_rate,
+            tokens_per_sec=self.tokens_per_sec(),
+            padding_efficiency=self.real_tokens / max(self.slots, 1),
+        )
+        self.reset()
+        return record
+
+    def restart_clock(self) -> None:
+        """Start timing again (after an evaluation, which tokens/s does not count)."""
+        self.started = time.perf_counter()
 
 
 def read_metrics(workdir: str) -> list[dict[str, Any]]:
