@@ -5,8 +5,9 @@
 
 Any config field can be overridden with ``--config.<section>.<field>=value``; the
 workdir defaults to ``runs/<config file name>``. Rerunning resumes from the last
-checkpoint. ``--multihost`` (or a coordinator / SLURM environment) initialises
-``jax.distributed`` so that each process trains on its own share of every batch.
+checkpoint. ``--multihost`` starts one process of a run over several hosts (README,
+Multi-host): ``--coordinator_address``, ``--num_processes`` and ``--process_id``, or what
+SLURM, Open MPI or Kubernetes tell JAX; each process trains on its share of every batch.
 """
 
 import os
@@ -17,15 +18,26 @@ from ml_collections import config_flags
 
 from transformer_jax.kernels.malloc import retain_freed_memory
 from transformer_jax.kernels.vectors import prefer_wide_vectors
+from transformer_jax.training import distributed
 from transformer_jax.training.loop import train_and_evaluate
-from transformer_jax.training.parallel import maybe_initialize_distributed
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _CONFIG = config_flags.DEFINE_config_file(
     "config", os.path.join(_HERE, "configs", "tiny.py"), "Run configuration file."
 )
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory (default runs/<config name>).")
-_MULTIHOST = flags.DEFINE_bool("multihost", False, "Call jax.distributed.initialize().")
+_MULTIHOST = flags.DEFINE_bool(
+    "multihost", False, "One process of a run over several processes (jax.distributed)."
+)
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator_address", None, "host:port of process 0 (implies --multihost)."
+)
+_NUM_PROCESSES = flags.DEFINE_integer(
+    "num_processes", None, "Processes in the run (implies --multihost)."
+)
+_PROCESS_ID = flags.DEFINE_integer(
+    "process_id", None, "This process's index, 0 to num_processes - 1 (implies --multihost)."
+)
 
 
 def main(argv: list[str]) -> None:
@@ -37,7 +49,12 @@ def main(argv: list[str]) -> None:
     retain_freed_memory()  # before JAX starts its threads: steps reuse freed pages
     prefer_wide_vectors()  # before the first computation: XLA reads its flags then
     try:
-        maybe_initialize_distributed(_MULTIHOST.value)
+        distributed.initialize(
+            _MULTIHOST.value,
+            coordinator_address=_COORDINATOR.value,
+            num_processes=_NUM_PROCESSES.value,
+            process_id=_PROCESS_ID.value,
+        )
         train_and_evaluate(_CONFIG.value, workdir)
     except (ValueError, FloatingPointError) as e:
         print(f"error: {e}", file=sys.stderr)

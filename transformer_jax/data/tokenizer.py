@@ -12,6 +12,7 @@ import hashlib
 import io
 import os
 import random
+import uuid
 from collections.abc import Iterable, Sequence
 
 import sentencepiece as spm
@@ -57,9 +58,11 @@ class Tokenizer:
         return [self.decode(ids) for ids in batch]
 
     def save(self, path: str) -> None:
+        """Write the model to ``path`` through a temporary file of a name no other writer
+        uses, renamed into place: a reader sees the old file or the whole new one."""
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        tmp = f"{path}.tmp"
-        with open(tmp, "wb") as f:
+        tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+        with open(tmp, "xb") as f:
             f.write(self.model_proto)
         os.replace(tmp, path)
 

@@ -10,7 +10,6 @@ Gradient-accumulation buffers stay per device (leading device axis) until the up
 from __future__ import annotations
 
 import functools
-import os
 from typing import Any
 
 import flax.linen as nn
@@ -177,18 +176,3 @@ def _squeezed(fn: Any, argnum: int) -> Any:
 
     return wrapped
 
-
-def maybe_initialize_distributed(multihost: bool = False) -> bool:
-    """``jax.distributed.initialize()`` when asked or when launched by a cluster manager.
-
-    A coordinator address (``JAX_COORDINATOR_ADDRESS``) or a SLURM job with several tasks
-    means several processes; ``initialize`` reads the rest from the environment.
-    Returns whether it initialised.
-    """
-    launched = (
-        "JAX_COORDINATOR_ADDRESS" in os.environ or int(os.environ.get("SLURM_NTASKS", "1")) > 1
-    )
-    if not (multihost or launched):
-        return False
-    jax.distributed.initialize()
-    return True
