@@ -44,14 +44,24 @@ def test_schedule_rejects_bad_values():
 
 
 def test_optimizer_is_adam_with_the_papers_betas():
+    """Adam(0.9, 0.98, 1e-9) by hand over several updates: gradients that change from step to
+    step pin beta1 and beta2 (the first update is g / (|g| + eps) whatever they are), and a
+    gradient of the order of eps pins eps."""
     schedule = transformer_schedule(16, 10)
-    params = {"w": jnp.array([1.0, -2.0, 3.0])}
-    grads = {"w": jnp.array([0.5, 0.1, -0.3])}
-    ours = transformer_optimizer(schedule)
-    ref = optax.adam(float(schedule(0)), b1=0.9, b2=0.98, eps=1e-9)
-    u1, _ = ours.update(grads, ours.init(params), params)
-    u2, _ = ref.update(grads, ref.init(params), params)
-    np.testing.assert_allclose(u1["w"], u2["w"], rtol=1e-6)
+    rng = np.random.default_rng(0)
+    grads = rng.normal(size=(6, 4)) * np.array([1.0, 0.1, 3.0, 1e-9])
+    b1, b2, eps = 0.9, 0.98, 1e-9  # §5.3
+    m, v = np.zeros(4), np.zeros(4)
+    params = {"w": jnp.array([1.0, -2.0, 3.0, 0.5])}
+    tx = transformer_optimizer(schedule)
+    state = tx.init(params)
+    for t, g in enumerate(grads, start=1):
+        m = b1 * m + (1 - b1) * g
+        v = b2 * v + (1 - b2) * g**2
+        m_hat, v_hat = m / (1 - b1**t), v / (1 - b2**t)
+        expected = -paper_lr(t, d_model=16, warmup=10) * m_hat / (np.sqrt(v_hat) + eps)
+        updates, state = tx.update({"w": jnp.asarray(g, jnp.float32)}, state, params)
+        np.testing.assert_allclose(updates["w"], expected, rtol=2e-5, err_msg=f"update {t}")
 
 
 def test_apply_gradients_reports_the_norm_of_the_per_token_gradient():
