@@ -6,8 +6,9 @@ import jax
 import jax.extend
 import jax.numpy as jnp
 import pytest
+from conftest import TINY_CONFIG
 
-from transformer_jax import Transformer, TransformerConfig
+from transformer_jax import Transformer
 from transformer_jax.analysis.costs import (
     attention_matrix_bytes,
     format_bytes,
@@ -18,14 +19,8 @@ from transformer_jax.analysis.costs import (
     xla_attention_memory,
 )
 
-TINY = TransformerConfig(
-    vocab_size=10,
-    d_model=8,
-    num_heads=2,
-    d_ff=16,
-    num_encoder_layers=1,
-    num_decoder_layers=1,
-    max_len=16,
+TINY = TINY_CONFIG.replace(
+    vocab_size=10, d_model=8, d_ff=16, num_encoder_layers=1, num_decoder_layers=1, max_len=16
 )
 
 

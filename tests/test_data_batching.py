@@ -5,6 +5,7 @@ import os
 
 import numpy as np
 import pytest
+from conftest import TINY_CONFIG
 
 from transformer_jax.data import batching, pipeline
 from transformer_jax.data.batching import Batcher, EncodedPairs, TrainIterator, eval_batches
@@ -203,22 +204,13 @@ def test_packed_segments_are_isolated_in_the_model():
     """A packed row gives each pair the logits it gets alone: masks and positions are right."""
     import jax
 
-    from transformer_jax.model.config import TransformerConfig
     from transformer_jax.model.transformer import Transformer
 
     pairs = EncodedPairs.from_lists(
         [[5, 6, 7], [8, 9], [10, 11, 12, 13]], [[14, 15], [16, 17, 18], [19]]
     )
     (packed,) = eval_batches(Batcher(pairs, tokens_per_batch=16, max_len=16, packing=True))
-    cfg = TransformerConfig(
-        vocab_size=32,
-        d_model=16,
-        num_heads=2,
-        d_ff=32,
-        num_encoder_layers=1,
-        num_decoder_layers=1,
-        max_len=16,
-    )
+    cfg = TINY_CONFIG.replace(vocab_size=32, num_encoder_layers=1, num_decoder_layers=1, max_len=16)
     model = Transformer(cfg)
     params = model.init(jax.random.key(0), packed["src"], packed["tgt_in"])["params"]
     keys = ("src_segments", "tgt_segments", "src_positions", "tgt_positions")

@@ -7,23 +7,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import TINY_CONFIG
 
-from transformer_jax import Transformer, TransformerConfig
+from transformer_jax import Transformer
 from transformer_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from transformer_jax.inference.decoding import _greedy, beam_search, greedy_search, length_penalty
 
 # Six tokens: PAD, UNK, BOS, EOS and two words; an untied output layer whose bias can
 # steer how likely EOS is.
-CFG = TransformerConfig(
-    vocab_size=6,
-    d_model=16,
-    num_heads=2,
-    d_ff=32,
-    num_encoder_layers=1,
-    num_decoder_layers=2,
-    dropout_rate=0.0,
-    max_len=24,
-    tie_output=False,
+CFG = TINY_CONFIG.replace(
+    vocab_size=6, num_encoder_layers=1, dropout_rate=0.0, max_len=24, tie_output=False
 )
 SRC = jnp.array([[4, 5, 4, 5, 3], [5, 4, 3, 0, 0], [4, 3, 0, 0, 0]], jnp.int32)
 

@@ -4,19 +4,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import TINY_CONFIG
 
-from transformer_jax import Transformer, TransformerConfig
+from transformer_jax import Transformer
 from transformer_jax.analysis.introspection import attention_maps
 
-CFG = TransformerConfig(
-    vocab_size=13,
-    d_model=16,
-    num_heads=4,
-    d_ff=32,
-    num_encoder_layers=2,
-    num_decoder_layers=3,
-    max_len=16,
-)
+CFG = TINY_CONFIG.replace(vocab_size=13, num_heads=4, num_decoder_layers=3, max_len=16)
 # Row 0 has one padding token at the end of each side; row 1 has none.
 SRC = jnp.array([[5, 6, 7, 8, 3, 0], [4, 5, 6, 7, 8, 3]], jnp.int32)
 TGT = jnp.array([[2, 9, 10, 11, 0], [2, 9, 10, 11, 12]], jnp.int32)

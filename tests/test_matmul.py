@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import TINY_CONFIG
 
 from transformer_jax import Transformer, TransformerConfig, matmul
 from transformer_jax.model.embeddings import tied_logits
@@ -169,9 +170,7 @@ def test_tied_logits_gradient_at_bfloat16():
         close(ours, expected)
 
 
-CFG = TransformerConfig(
-    vocab_size=16, d_model=16, num_heads=2, d_ff=32, num_encoder_layers=2, num_decoder_layers=2
-)
+CFG = TINY_CONFIG.replace(max_len=512)
 SRC = jnp.array([[4, 5, 6, 7, 3], [8, 9, 3, 0, 0]], jnp.int32)
 TGT = jnp.array([[2, 4, 5, 6, 7, 9], [2, 8, 9, 3, 0, 0]], jnp.int32)
 

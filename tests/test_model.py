@@ -6,21 +6,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from conftest import TINY_CONFIG
 
 from transformer_jax import Decoder, Encoder, Transformer, TransformerConfig
 from transformer_jax.model.config import from_config_dict
 from transformer_jax.model.layers import EncoderLayer
 from transformer_jax.training.defaults import default_config
 
-TINY = TransformerConfig(
-    vocab_size=40,
-    d_model=32,
-    num_heads=4,
-    d_ff=64,
-    num_encoder_layers=2,
-    num_decoder_layers=2,
-    max_len=32,
-)
+TINY = TINY_CONFIG.replace(vocab_size=40, d_model=32, num_heads=4, d_ff=64)
 
 
 def tokens(shape, seed, low=4, high=40):

@@ -9,21 +9,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import TINY_CONFIG
 
-from transformer_jax import Transformer, TransformerConfig
+from transformer_jax import Transformer
 from transformer_jax.analysis.introspection import attention_maps
 from transformer_jax.inference.decoding import beam_search, greedy_search
 from transformer_jax.training.loss import loss_and_metrics
 
-CFG = TransformerConfig(
-    vocab_size=12,
-    d_model=16,
-    num_heads=2,
-    d_ff=32,
-    num_encoder_layers=2,
-    num_decoder_layers=3,
-    max_len=16,
-)
+CFG = TINY_CONFIG.replace(vocab_size=12, num_decoder_layers=3, max_len=16)
 SCANNED = CFG.replace(scan_layers=True)
 SRC = jnp.array([[4, 5, 6, 7, 3], [8, 9, 3, 0, 0]], jnp.int32)
 TGT = jnp.array([[2, 4, 5, 6, 7, 9], [2, 8, 9, 3, 0, 0]], jnp.int32)

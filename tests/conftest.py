@@ -1,0 +1,42 @@
+"""Shared test settings: the tiny model configuration and a batch for it.
+
+Test modules import ``TINY_CONFIG`` (``from conftest import TINY_CONFIG``) and state what
+they change with ``TINY_CONFIG.replace(...)``; tests take the ``tiny_config`` and
+``tiny_batch`` fixtures.
+Nothing here starts a JAX backend at import: tests that set ``XLA_FLAGS`` still can.
+"""
+
+import numpy as np
+import pytest
+
+from transformer_jax import TransformerConfig
+from transformer_jax.ids import BOS_ID, EOS_ID, PAD_ID
+
+# Two heads and two layers per stack (so that per-head and per-layer behaviour is visible),
+# small enough to compile in about a second.
+TINY_CONFIG = TransformerConfig(
+    vocab_size=16,
+    d_model=16,
+    num_heads=2,
+    d_ff=32,
+    num_encoder_layers=2,
+    num_decoder_layers=2,
+    max_len=32,
+)
+
+
+@pytest.fixture
+def tiny_config() -> TransformerConfig:
+    return TINY_CONFIG
+
+
+@pytest.fixture
+def tiny_batch() -> dict[str, np.ndarray]:
+    """Two pairs, the second padded: ``src`` (ends with EOS), ``tgt_in`` (starts with BOS),
+    ``tgt_out`` (``tgt_in`` shifted by one, ends with EOS), ids below ``TINY_CONFIG.vocab_size``."""
+    p, b, e = PAD_ID, BOS_ID, EOS_ID
+    return {
+        "src": np.array([[4, 5, 6, 7, e], [8, 9, e, p, p]], np.int32),
+        "tgt_in": np.array([[b, 4, 5, 6, 7, 9], [b, 8, 9, p, p, p]], np.int32),
+        "tgt_out": np.array([[4, 5, 6, 7, 9, e], [8, 9, e, p, p, p]], np.int32),
+    }
