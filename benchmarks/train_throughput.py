@@ -117,7 +117,7 @@ class JaxStep:
     """The library's jitted ``train_step`` on one fixed batch; ``run(n)`` times n steps.
 
     ``variant`` (a key of ``VARIANTS``) changes model fields, the dropout key's PRNG
-    implementation (a typed key passed as the step's ``rng``) or the parallel wrapper.
+    implementation (a typed key as the state's ``rng``) or the parallel wrapper.
     """
 
     def __init__(self, setting: Setting, variant: str = "default") -> None:
@@ -133,14 +133,14 @@ class JaxStep:
         fields = {**setting.model, **options.get("model", {})}
         fields["dtype"] = to_dtype(fields.get("dtype", "float32"))
         self.config = TransformerConfig(**fields)
-        self.rng_impl = options.get("rng_impl")
         model = Transformer(self.config)
         batch = random_batch(setting)
         key = jax.random.PRNGKey(0)
         params = jax.jit(lambda k: model.init(k, batch["src"][:1], batch["tgt_in"][:1]))(key)
         tx = transformer_optimizer(transformer_schedule(self.config.d_model, WARMUP_STEPS))
-        state = create_train_state(params["params"], tx, jax.random.PRNGKey(1))
-        self.base_rng = np.asarray(state.rng)  # the state is donated
+        rng_impl = options.get("rng_impl")
+        rng = jax.random.key(1, impl=rng_impl) if rng_impl else jax.random.PRNGKey(1)
+        state = create_train_state(params["params"], tx, rng)
         parallel = options.get("parallel", "jit")
         if parallel == "jit":
             step = functools.partial(train_step, model=model, label_smoothing=LABEL_SMOOTHING)
@@ -151,25 +151,16 @@ class JaxStep:
             self._step = dp.train_step
             self.state, self.batch = dp.replicate(state), batch
         self.jitted = parallel == "jit"
-        self.count = 0
-
-    def _rng(self) -> Any:
-        import jax
-
-        if self.rng_impl:
-            return jax.random.key(self.count, impl=self.rng_impl)
-        return jax.random.fold_in(self.base_rng, self.count)  # as the training loop does
 
     def step(self) -> None:
         import jax
 
-        self.count += 1
-        self.state, metrics = self._step(self.state, self.batch, self._rng())
+        self.state, metrics = self._step(self.state, self.batch)
         jax.block_until_ready((self.state, metrics))
 
     def optimized_hlo(self) -> str:
         """XLA's optimised HLO of the jitted step (compiled again, not run)."""
-        return self._step.lower(self.state, self.batch, self._rng()).compile().as_text()
+        return self._step.lower(self.state, self.batch).compile().as_text()
 
     def run(self, steps: int) -> tuple[list[float], list[float]]:
         """Wall-clock and process CPU seconds of each of ``steps`` steps."""

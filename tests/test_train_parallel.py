@@ -44,15 +44,14 @@ SCRIPT = textwrap.dedent(
     def run(kind, n, accum=False, evaluate=False):
         dp = parallel.DataParallel(kind, model, 0.1, devices=jax.devices()[:n])
         state, losses = dp.replicate(initial), []
-        for i, b in enumerate(batches):
-            rng = jax.random.PRNGKey(i)
+        for b in batches:
             if not accum:
-                state, m = dp.train_step(state, b, rng)
+                state, m = dp.train_step(state, b)
             else:  # two micro-batches of 5 rows make up the same global batch
                 acc = dp.zero_accumulator(state)
                 for j, part in enumerate([slice(0, 5), slice(5, None)]):
                     micro = {k: v[part] for k, v in b.items()}
-                    acc = dp.accumulate(acc, state, micro, jax.random.fold_in(rng, j))
+                    acc = dp.accumulate(acc, state, micro, j)
                 state, m = dp.apply(state, acc)
             losses.append(float(m["loss"] / m["tokens"]))
         if evaluate:

@@ -93,7 +93,6 @@ class _Trainer:
         self.writer = MetricsWriter(run.workdir, run.start, enabled=jax.process_index() == 0)
         self.window = MetricsWindow()
         self.state = self.dp.replicate(run.state)
-        self.base_rng = run.state.rng
         self.step = run.start
         self.pending: tuple[int, dict] | None = None
         self.last_loss = float("nan")
@@ -139,20 +138,17 @@ class _Trainer:
         return None
 
     def update(self, step: int) -> None:
-        """Apply step ``step`` (the dropout key ``fold_in(base_rng, step)``), reading the
-        previous step's metrics while this one runs."""
+        """Apply step ``step`` (the dropout key ``fold_in(state.rng, step)``, taken inside the
+        step: ``steps.dropout_key``), reading the previous step's metrics while this one runs."""
         micro = [next(self.train_iter) for _ in range(self.config.train.grad_accum_steps)]
         for batch in micro:
             self.window.add_batch(batch)
-        rng = jax.random.fold_in(self.base_rng, step)
         if len(micro) == 1:
-            self.state, metrics = self.dp.train_step(self.state, micro[0], rng)
+            self.state, metrics = self.dp.train_step(self.state, micro[0])
         else:
             accumulated = self.dp.zero_accumulator(self.state)
             for i, batch in enumerate(micro):
-                accumulated = self.dp.accumulate(
-                    accumulated, self.state, batch, jax.random.fold_in(rng, i)
-                )
+                accumulated = self.dp.accumulate(accumulated, self.state, batch, i)
             self.state, metrics = self.dp.apply(self.state, accumulated)
         self.read_pending()
         self.pending, self.step = (step, metrics), step

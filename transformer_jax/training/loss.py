@@ -33,11 +33,10 @@ Array = jax.Array
 CONVENTIONS = ("t2t", "uniform")
 
 
-def check_convention(convention: str) -> None:
+def check_convention(convention: str, name: str = "label_smoothing_convention") -> None:
+    """Raise ``ValueError`` naming ``name`` unless ``convention`` is one of CONVENTIONS."""
     if convention not in CONVENTIONS:
-        raise ValueError(
-            f"label_smoothing_convention must be one of {CONVENTIONS}, got {convention!r}"
-        )
+        raise ValueError(f"{name} must be one of {CONVENTIONS}, got {convention!r}")
 
 
 def smoothed_target(vocab: int, label_smoothing: float, convention: str = "t2t") -> tuple:

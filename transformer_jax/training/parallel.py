@@ -63,6 +63,7 @@ class DataParallel:
         model: nn.Module,
         label_smoothing: float,
         devices: list[jax.Device] | None = None,
+        label_smoothing_convention: str = "t2t",
     ) -> None:
         check_kind(kind)
         self.kind = kind
@@ -71,7 +72,12 @@ class DataParallel:
         self.devices = list(devices) if devices is not None else None
         local = self.devices if devices is not None else jax.local_devices()
         self.num_devices = len(local)
-        kw = dict(model=model, label_smoothing=label_smoothing, axis_name=AXIS)
+        kw = dict(
+            model=model,
+            label_smoothing=label_smoothing,
+            label_smoothing_convention=label_smoothing_convention,
+            axis_name=AXIS,
+        )
         train = functools.partial(steps.train_step, **kw)
         accumulate = functools.partial(steps.accumulate_gradients, **kw)
         evaluate = functools.partial(steps.eval_step, **kw)
@@ -81,7 +87,7 @@ class DataParallel:
 
         if kind == "pmap":
             pmap = functools.partial(jax.pmap, axis_name=AXIS, devices=self.devices)
-            self._train = pmap(train, in_axes=(0, 0, None), donate_argnums=(0,))
+            self._train = pmap(train, donate_argnums=(0,))
             self._accumulate = pmap(accumulate, in_axes=(0, 0, 0, None), donate_argnums=(0,))
             self._apply = pmap(apply, donate_argnums=(0,))
             self._eval = pmap(evaluate)
@@ -89,7 +95,7 @@ class DataParallel:
             self.mesh = Mesh(np.array(self.devices or jax.devices()), (AXIS,))
             smap = functools.partial(jax.shard_map, mesh=self.mesh, check_vma=False)
             self._train = jax.jit(
-                smap(train, in_specs=(P(), P(AXIS), P()), out_specs=(P(), P())),
+                smap(train, in_specs=(P(), P(AXIS)), out_specs=(P(), P())),
                 donate_argnums=(0,),
             )
             self._accumulate = jax.jit(
@@ -135,9 +141,10 @@ class DataParallel:
         return jax.tree.map(lambda x: x[0], metrics) if self.kind == "pmap" else metrics
 
     # -- the compiled steps ----------------------------------------------------------
-    def train_step(self, state: TrainState, batch: dict, rng: jax.Array) -> tuple[TrainState, dict]:
-        """One update on a host batch; returns the new state and global metric sums."""
-        state, metrics = self._train(state, self.put_batch(batch), rng)
+    def train_step(self, state: TrainState, batch: dict) -> tuple[TrainState, dict]:
+        """One update on a host batch (dropout key: ``steps.dropout_key(state)``); returns
+        the new state and global metric sums."""
+        state, metrics = self._train(state, self.put_batch(batch))
         return state, self._metrics(metrics)
 
     def zero_accumulator(self, state: TrainState) -> Any:
@@ -151,9 +158,10 @@ class DataParallel:
             lambda x: jax.device_put(jnp.zeros((n,) + x.shape, x.dtype), sharding), zeros
         )
 
-    def accumulate(self, accumulated: Any, state: TrainState, batch: dict, rng: jax.Array) -> Any:
-        """Add a micro-batch's gradient sums to the per-device buffers."""
-        return self._accumulate(accumulated, state.params, self.put_batch(batch), rng)
+    def accumulate(self, accumulated: Any, state: TrainState, batch: dict, micro_step: int) -> Any:
+        """Add micro-batch ``micro_step``'s gradient sums to the per-device buffers."""
+        micro = np.int32(micro_step)
+        return self._accumulate(accumulated, state, self.put_batch(batch), micro)
 
     def apply(self, state: TrainState, accumulated: Any) -> tuple[TrainState, dict]:
         """The update from accumulated gradients; returns the state and metric sums."""
@@ -175,4 +183,3 @@ def _squeezed(fn: Any, argnum: int) -> Any:
         return jax.tree.map(lambda x: x[None], out) if argnum == 0 else out
 
     return wrapped
-

@@ -77,7 +77,10 @@ def start_run(config: ml_collections.ConfigDict, workdir: str) -> Run:
         with open(os.path.join(workdir, checkpoints.CONFIG_FILE), "w") as f:
             f.write(config.to_json(indent=2))
     dp = DataParallel(
-        config.train.parallel, Transformer(model_config), config.train.label_smoothing
+        config.train.parallel,
+        Transformer(model_config),
+        config.train.label_smoothing,
+        label_smoothing_convention=config.train.label_smoothing_convention,
     )
     state = init_state(model_config, config)
     checkpointer = checkpoints.Checkpointer(workdir, config.train.keep_checkpoints)

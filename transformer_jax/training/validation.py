@@ -9,6 +9,7 @@ import ml_collections
 
 from transformer_jax.data.sources import SOURCES
 from transformer_jax.model.config import TransformerConfig, from_config_dict
+from transformer_jax.training.loss import check_convention
 from transformer_jax.training.parallel import check_kind
 
 
@@ -46,6 +47,7 @@ def validate_config(config: ml_collections.ConfigDict) -> TransformerConfig:
     _float(config, "train", "adam_b2", -1e-12, 1.0)
     _float(config, "train", "adam_eps", 0.0)
     _float(config, "train", "label_smoothing", -1e-12, 1.0)
+    check_convention(config.train.label_smoothing_convention, "train.label_smoothing_convention")
     check_kind(config.train.parallel)
 
     data = config.data
