@@ -69,15 +69,34 @@ def test_logits_and_gradients_equal_the_unrolled_model(params):
 
 
 def test_training_dropout_differs_between_layers(params):
-    """split_rngs: each scanned layer draws its own dropout mask (as unrolled layers do)."""
+    """split_rngs: each scanned layer draws its own dropout mask (as unrolled layers do).
+
+    The outputs of every dropout in the scanned stacks are captured (stacked on the layer
+    axis); where a sub-layer's output was dropped they are exactly 0, so their zeros are
+    the masks, which must differ from layer to layer."""
+    is_dropout = lambda module, method: type(module).__name__ == "Dropout"  # noqa: E731
     apply = jax.jit(
         lambda p, r: Transformer(SCANNED).apply(
-            {"params": p}, SRC, TGT, deterministic=False, rngs={"dropout": r}
+            {"params": p},
+            SRC,
+            TGT,
+            deterministic=False,
+            rngs={"dropout": r},
+            capture_intermediates=is_dropout,
+            mutable=["intermediates"],
         )
     )
-    p = stacked(params)
-    a, b = apply(p, jax.random.key(1)), apply(p, jax.random.key(2))
-    assert np.isfinite(a).all() and not np.allclose(a, b)
+    logits, state = apply(stacked(params), jax.random.key(1))
+    assert np.isfinite(logits).all()
+    sites = 0
+    for stack, count in (("encoder", CFG.num_encoder_layers), ("decoder", CFG.num_decoder_layers)):
+        for block in state["intermediates"][stack]["layers"].values():
+            (out,) = jax.tree.leaves(block)  # [layers, batch, length, d_model]
+            masks = np.asarray(out) == 0
+            assert masks.shape[0] == count and 0 < masks.mean() < 0.5
+            assert all(not np.array_equal(masks[0], m) for m in masks[1:]), stack
+            sites += 1
+    assert sites == 2 + 3  # the encoder's two sub-layers, the decoder's three
 
 
 def test_cached_decoding_equals_the_unrolled_model(params):
