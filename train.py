@@ -8,10 +8,18 @@ workdir defaults to ``runs/<config file name>``. Rerunning resumes from the last
 checkpoint. ``--multihost`` starts one process of a run over several hosts (README,
 Multi-host): ``--coordinator_address``, ``--num_processes`` and ``--process_id``, or what
 SLURM, Open MPI or Kubernetes tell JAX; each process trains on its share of every batch.
+The config fields and their defaults are in ``configs/tiny.py`` and
+``transformer_jax/training/defaults.py``; a run's resolved config is ``{workdir}/config.json``.
+
+Exit codes: 0 trained and evaluated (or already complete); 1 an error, printed as one line
+(a bad config value or file, data, a non-finite loss, a full disk); 2 a bad command line;
+75 stopped by SIGTERM (preempted) after saving a checkpoint: rerun to resume; 130 stopped by
+Ctrl-C (SIGINT; saved like SIGTERM, a second Ctrl-C stops at once).
 """
 
 import os
 import sys
+from typing import NoReturn
 
 from absl import app, flags, logging
 from ml_collections import config_flags
@@ -21,10 +29,48 @@ from transformer_jax.kernels.vectors import prefer_wide_vectors
 from transformer_jax.training import distributed
 from transformer_jax.training.loop import train_and_evaluate
 
+EXIT_ERROR, EXIT_USAGE, EXIT_PREEMPTED, EXIT_INTERRUPTED = 1, 2, 75, 130
+_STOPPED = {"SIGTERM": EXIT_PREEMPTED, "SIGINT": EXIT_INTERRUPTED}
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(code)
+
+
+def _config_error(error: Exception) -> NoReturn:
+    """One line for a config file or override that cannot be loaded or applied."""
+    while error.args and isinstance(error.args[0], Exception):  # AttributeError(KeyError(...))
+        error = error.args[0]
+    text = error.args[0] if error.args and isinstance(error.args[0], str) else str(error)
+    lines = "; ".join(line.strip() for line in text.splitlines() if line.strip())
+    unknown = isinstance(error, KeyError | AttributeError)
+    _fail(f"{'unknown config field' if unknown else 'bad --config'}: {lines}", EXIT_USAGE)
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+    """absl's parsing, with help that exits 0 and one line for a bad flag or config."""
+    if {"-h", "--help", "--helpshort", "--helpfull", "-?"} & set(argv[1:]):
+        app.usage(shorthelp="--helpfull" not in argv, writeto_stdout=True, exitcode=0)
+    try:
+        return flags.FLAGS(argv)
+    except flags.Error as e:
+        _fail(str(e), EXIT_USAGE)
+    except (KeyError, AttributeError, TypeError, ValueError) as e:
+        _config_error(e)
+    except SyntaxError as e:
+        _fail(f"--config file {e.filename}, line {e.lineno}: {e.msg}", EXIT_USAGE)
+
+
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", os.path.join(_HERE, "configs", "tiny.py"), "Run configuration file."
-)
+try:  # overrides of the default config file are applied here
+    _CONFIG = config_flags.DEFINE_config_file(
+        "config",
+        os.path.join(_HERE, "configs", "tiny.py"),
+        "Run configuration file; any field can be overridden with --config.SECTION.FIELD=VALUE.",
+    )
+except (KeyError, AttributeError, TypeError, ValueError) as e:
+    _config_error(e)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory (default runs/<config name>).")
 _MULTIHOST = flags.DEFINE_bool(
     "multihost", False, "One process of a run over several processes (jax.distributed)."
@@ -55,11 +101,22 @@ def main(argv: list[str]) -> None:
             num_processes=_NUM_PROCESSES.value,
             process_id=_PROCESS_ID.value,
         )
-        train_and_evaluate(_CONFIG.value, workdir)
-    except (ValueError, FloatingPointError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+        config_file = flags.FLAGS["config"].config_filename.partition(":")[0]
+        if not os.path.isfile(config_file):
+            _fail(f"--config file {config_file!r} does not exist", EXIT_USAGE)
+        try:
+            config = _CONFIG.value
+            config.get("train")  # a config file that failed to load fails here
+        except (OSError, KeyError, AttributeError, TypeError, ValueError) as e:
+            _config_error(e)
+        result = train_and_evaluate(config, workdir)
+    except (ValueError, FloatingPointError, OSError) as e:
+        _fail(str(e), EXIT_ERROR)
+    except KeyboardInterrupt:
+        _fail("interrupted (a second Ctrl-C): the last checkpoint is kept", EXIT_INTERRUPTED)
+    if not result["complete"]:
+        sys.exit(_STOPPED[result["stopped_by"]])
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=_parse_flags)

@@ -187,7 +187,7 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run_and_sigterm_saves(prep
     )
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 0, out
+    assert proc.returncode == 75, out  # preempted: train.py's documented exit code
     assert "resuming from the checkpoint at step" in out and "SIGTERM" in out
     stopped_at = int(out.split("SIGTERM: saved the checkpoint at step ")[1].split(";")[0])
     assert stopped_at < steps and stopped_at in checkpoints.list_steps(workdir)
@@ -212,18 +212,23 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous(prepared, tmp_path
     config.train.num_steps = 5
     train_and_evaluate(config, workdir)
     out = capsys.readouterr().out
-    assert "checkpoint 4 is unreadable" in out and "resuming from the checkpoint at step 2" in out
+    assert "checkpoint 4 in" in out and "is unreadable" in out and "moved it to" in out
+    assert "resuming from the checkpoint at step 2" in out
+    assert os.path.isdir(os.path.join(workdir, "checkpoints", "4.unreadable"))
 
 
-def test_nan_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(prepared, tmp_path):
+def test_non_finite_parameters_are_never_saved(prepared, tmp_path):
     config, _ = micro_config(tmp_path, steps=8, every=1)
     config.train.learning_rate_scale = 1e30  # the first update blows the weights up
     workdir = workdir_from(prepared, tmp_path / "run")
-    with pytest.raises(FloatingPointError, match=r"loss is (nan|inf) at step (\d)") as info:
+    with pytest.raises(FloatingPointError, match=r"at step \d|after step \d") as info:
         train_and_evaluate(config, workdir)
-    bad_step = int(info.value.args[0].split(" at step ")[1].split(";")[0])
-    assert checkpoints.list_steps(workdir) == list(range(1, bad_step))
-    assert f"last good checkpoint is step {bad_step - 1}" in str(info.value)
+    saved = checkpoints.list_steps(workdir)
+    for step in saved:
+        params = checkpoints.load_run(workdir, step)[1]
+        assert all(np.isfinite(x).all() for x in jax.tree.leaves(params)), step
+    newest = f"newest finite checkpoint is step {saved[-1]}" if saved else "No finite checkpoint"
+    assert newest in str(info.value)
 
 
 @pytest.mark.parametrize(

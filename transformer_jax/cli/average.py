@@ -21,6 +21,7 @@ import jax
 import numpy as np
 
 from transformer_jax.training.checkpoints import AVERAGED_DIR, list_steps, load_run, save_params
+from transformer_jax.training.workdir import lock_workdir
 
 
 def average_params(trees: Sequence[Any]) -> Any:
@@ -48,10 +49,11 @@ def average_checkpoints(workdir: str, last: int) -> tuple[list[int], str]:
             f"--last {last} needs {last} checkpoints, {workdir!r} has {len(steps)}: {steps}"
         )
     steps = steps[-last:]
-    params = average_params([load_run(workdir, step)[1] for step in steps])
     directory = os.path.join(workdir, AVERAGED_DIR)
-    shutil.rmtree(directory, ignore_errors=True)  # replace an earlier average
-    save_params(directory, params, steps[-1])
+    with lock_workdir(workdir):  # not while train.py writes this workdir
+        params = average_params([load_run(workdir, step)[1] for step in steps])
+        shutil.rmtree(directory, ignore_errors=True)  # replace an earlier average
+        save_params(directory, params, steps[-1])
     return steps, directory
 
 
@@ -68,7 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         steps, directory = average_checkpoints(args.workdir, args.last)
-    except ValueError as e:
+    except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"averaged the parameters of steps {steps} into {directory}")

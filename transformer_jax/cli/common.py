@@ -8,6 +8,8 @@ import os
 import sys
 from typing import Any
 
+from transformer_jax.data.sources import read_lines as read_lines_of
+from transformer_jax.data.sources import split_lines
 from transformer_jax.data.tokenizer import Tokenizer, load_tokenizer
 from transformer_jax.model.config import TransformerConfig, from_config_dict
 from transformer_jax.training.checkpoints import load_run, parse_checkpoint
@@ -61,19 +63,6 @@ def decode_options(args: argparse.Namespace, run: Any) -> dict[str, Any]:
 
 
 def read_lines(path: str | None) -> list[str]:
-    """Lines of ``path`` (UTF-8), or of stdin when ``path`` is None.
-
-    Only ``\n`` (or ``\r\n``) ends a line: unlike ``str.splitlines``, characters such as
-    U+2028 inside a sentence do not split it, so outputs stay aligned with inputs.
-    """
-    if path is None:
-        data = sys.stdin.buffer.read()
-    elif not os.path.isfile(path):
-        raise ValueError(f"input file {path!r} does not exist")
-    else:
-        with open(path, "rb") as f:
-            data = f.read()
-    lines = data.decode("utf-8").split("\n")
-    if lines[-1] == "":
-        lines.pop()
-    return [line.removesuffix("\r") for line in lines]
+    """Lines of the UTF-8 file ``path``, or of stdin when ``path`` is None
+    (:func:`transformer_jax.data.sources.split_lines`)."""
+    return split_lines(sys.stdin.buffer.read(), "stdin") if path is None else read_lines_of(path)

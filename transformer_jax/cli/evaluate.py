@@ -59,6 +59,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         sources, references = read_lines(args.src), read_lines(args.ref)
         check_pairs(sources, references)
+        if not sources:
+            raise ValueError(f"{args.src} is empty: there is nothing to evaluate")
         run, config, params, tokenizer = load(args.workdir, args.checkpoint)
         options = decode_options(args, run)
         hypotheses = translate_lines(config, params, tokenizer, sources, **options)

@@ -12,6 +12,8 @@ import hashlib
 import itertools
 import json
 import os
+import uuid
+import zipfile
 from typing import Any
 
 import jax
@@ -64,11 +66,16 @@ def encoded_split(data_config: Any, split: str, tokenizer: Tokenizer, workdir: s
         workdir, CACHE_DIR, f"{split}-{_cache_key(data_config, split, tokenizer)}.npz"
     )
     if os.path.isfile(path):
-        with np.load(path) as cached:
-            return EncodedPairs(**{name: cached[name] for name in cached.files})
+        try:
+            with np.load(path) as cached:
+                return EncodedPairs(**{name: cached[name] for name in cached.files})
+        except (OSError, ValueError, EOFError, KeyError, TypeError, zipfile.BadZipFile) as e:
+            print(
+                f"warning: the data cache {path} is unreadable ({type(e).__name__}); rebuilding it"
+            )
     encoded = encode_pairs(tokenizer, load_pairs(data_config, split))
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
+    tmp = f"{path}.{uuid.uuid4().hex}.tmp"  # unique across hosts sharing the workdir
     with open(tmp, "wb") as f:
         np.savez(
             f, **{k: getattr(encoded, k) for k in ("src", "src_offsets", "tgt", "tgt_offsets")}

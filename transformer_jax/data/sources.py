@@ -59,19 +59,42 @@ def text_path(text_dir: str, split: str, lang: str) -> str:
     )
 
 
-def read_lines(path: str) -> list[str]:
-    """Lines of a UTF-8 (optionally gzip) file; undecodable bytes become U+FFFD.
+def split_lines(data: bytes, name: str) -> list[str]:
+    """The lines of UTF-8 text ``data`` (a byte-order mark dropped); ValueError naming ``name``
+    for UTF-16/32, binary (NUL bytes) or other non-UTF-8 data.
 
-    Lines end only at ``\\n`` (not at the other separators ``str.splitlines`` knows), so
-    line N of two parallel files stays aligned.
+    Lines end only at ``\\n`` (or ``\\r\\n``), not at the other separators
+    ``str.splitlines`` knows, so line N of two parallel files stays aligned.
     """
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rb") as f:
-        text = f.read().decode("utf-8", errors="replace")
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise ValueError(f"{name} is UTF-16 or UTF-32 text; convert it to UTF-8")
+    if b"\x00" in data:
+        raise ValueError(f"{name} holds NUL bytes: it is binary or UTF-16/32, not UTF-8 text")
+    try:
+        text = data.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise ValueError(
+            f"{name} is not UTF-8: byte {data[e.start]:#04x} at line {line} cannot be decoded"
+        ) from None
     lines = text.split("\n")
-    if lines and lines[-1] == "":
+    if lines[-1] == "":
         lines.pop()
-    return [line.rstrip("\r") for line in lines]
+    return [line.removesuffix("\r") for line in lines]
+
+
+def read_lines(path: str) -> list[str]:
+    """Lines of a UTF-8 (optionally gzip) file (see :func:`split_lines`); ValueError naming
+    the file if it is missing, truncated or not UTF-8 text."""
+    opener = gzip.open if path.endswith(".gz") else open
+    try:
+        with opener(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise ValueError(f"file {path!r} does not exist") from None
+    except (OSError, EOFError) as e:
+        raise ValueError(f"cannot read {path}: {e}") from None
+    return split_lines(data, path)
 
 
 def _clean_pairs(sources: list[str], targets: list[str]) -> tuple[list[Pair], int]:

@@ -140,4 +140,14 @@ def load_tokenizer(path: str) -> Tokenizer:
             "{workdir}/tokenizer.model)"
         )
     with open(path, "rb") as f:
-        return Tokenizer(f.read())
+        proto = f.read()
+    try:
+        tokenizer = Tokenizer(proto)
+    except RuntimeError:
+        tokenizer = None
+    if tokenizer is None or tokenizer.vocab_size == 0:
+        raise ValueError(
+            f"{path} is not a sentencepiece model (truncated or damaged); restore it from a "
+            "copy, or delete it to train a new one (a run's checkpoints need the original)"
+        )
+    return tokenizer

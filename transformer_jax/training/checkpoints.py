@@ -12,10 +12,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import zlib
 from typing import Any
 
 import jax
 import ml_collections
+import numpy as np
 import orbax.checkpoint as ocp
 
 from transformer_jax.training.steps import TrainState
@@ -40,82 +42,216 @@ def _manager(directory: str, keep: int | None = None, create: bool = True) -> oc
     return ocp.CheckpointManager(os.path.abspath(directory), options=options)
 
 
+class CheckpointMismatch(ValueError):
+    """A checkpoint holds a different model or optimizer than the config describes."""
+
+
+def checksums(tree: Any) -> dict[str, int]:
+    """CRC-32 of the bytes of each array of a host pytree, by its path."""
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return {
+        jax.tree_util.keystr(path): zlib.crc32(np.ascontiguousarray(leaf).view(np.uint8))
+        for path, leaf in leaves
+    }
+
+
+def non_finite(tree: Any) -> list[str]:
+    """Paths of the floating-point arrays of a host pytree holding a NaN or infinity."""
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return [
+        jax.tree_util.keystr(path)
+        for path, leaf in leaves
+        if np.issubdtype(np.asarray(leaf).dtype, np.inexact) and not np.isfinite(leaf).all()
+    ]
+
+
+def _shapes(tree: Any) -> dict[str, tuple[int, ...]]:
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return {jax.tree_util.keystr(path): tuple(leaf.shape) for path, leaf in leaves}
+
+
+def _difference(saved: dict[str, tuple], expected: dict[str, tuple]) -> str:
+    """The first few arrays that are missing, unexpected or differently shaped."""
+    missing = [k for k in expected if k not in saved]
+    extra = [k for k in saved if k not in expected]
+    shaped = [
+        f"{k} {saved[k]} != {expected[k]}"
+        for k in expected
+        if saved.get(k, expected[k]) != expected[k]
+    ]
+    parts = [
+        f"{name}: {', '.join(items[:3])}{' ...' if len(items) > 3 else ''}"
+        for name, items in (("missing", missing), ("unexpected", extra), ("shape", shaped))
+        if items
+    ]
+    return "; ".join(parts)
+
+
 class Checkpointer:
-    """Periodic, asynchronous checkpoints of the train state (keeps the last ``keep``)."""
+    """Periodic, asynchronous checkpoints of the train state (keeps the last ``keep``).
+
+    Only finite parameters are saved, each with the CRC-32 of its arrays (item
+    ``checksums``); restoring checks the arrays' structure and shapes first (a mismatch is
+    the config's fault and is raised, nothing is touched) and the checksums after (a
+    mismatch, like any read error, makes the checkpoint unreadable: it is set aside and the
+    one before it is used).
+    """
 
     def __init__(self, workdir: str, keep: int):
         self.directory = os.path.join(workdir, CHECKPOINT_DIR)
-        self.manager = _manager(self.directory, keep)
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=keep, create=True, enable_async_checkpointing=True
+        )
+        handlers = {
+            "params": ocp.StandardCheckpointHandler(),
+            "train": ocp.StandardCheckpointHandler(),
+            "data": ocp.JsonCheckpointHandler(),
+            "checksums": ocp.JsonCheckpointHandler(),
+        }  # named, so that item metadata is readable before a restore
+        self.manager = ocp.CheckpointManager(
+            os.path.abspath(self.directory), options=options, item_handlers=handlers
+        )
+        self.saving: int | None = None
 
-    def save(self, step: int, params: Any, train: dict[str, Any], data: dict[str, Any]) -> None:
-        """Start saving host arrays ``params`` and ``train`` and the JSON ``data`` at ``step``."""
+    def save_state(self, state: TrainState, data: dict[str, Any]) -> None:
+        """Start saving the host train state ``state`` and the data iterator position.
+
+        FloatingPointError, naming the step and the newest saved checkpoint, if a parameter
+        is not finite.
+        """
+        step = int(state.step)
+        bad = non_finite(state.params)
+        if bad:
+            raise FloatingPointError(
+                f"the parameters after step {step} are not finite ({bad[0]}"
+                f"{f' and {len(bad) - 1} more' if len(bad) > 1 else ''}); not saved. "
+                f"{self.describe_newest()}"
+            )
+        self.check()
+        train = _train_items(state)
         self.manager.save(
             step,
             args=ocp.args.Composite(
-                params=ocp.args.StandardSave(params),
+                params=ocp.args.StandardSave(state.params),
                 train=ocp.args.StandardSave(train),
                 data=ocp.args.JsonSave(data),
+                checksums=ocp.args.JsonSave(
+                    {"params": checksums(state.params), "train": checksums(train)}
+                ),
             ),
             force=True,
         )
+        self.saving = step
 
-    def save_state(self, state: TrainState, data: dict[str, Any]) -> None:
-        """Start saving the host train state ``state`` and the data iterator position."""
-        self.save(int(state.step), state.params, _train_items(state), data)
+    def check(self) -> None:
+        """Raise OSError at once if the last asynchronous save failed."""
+        try:
+            self.manager.check_for_errors()
+        except Exception as e:  # noqa: BLE001 - whatever the writer thread raised
+            raise self._failed(e) from None
+
+    def _failed(self, error: Exception) -> OSError:
+        first = str(error).splitlines()[0] if str(error) else ""
+        return OSError(
+            f"saving checkpoint {self.saving} in {self.directory} failed: "
+            f"{type(error).__name__}: {first}"
+        )
+
+    def describe_newest(self) -> str:
+        """Where the newest checkpoint verified at save (finite, checksummed) is, in words."""
+        self.manager.wait_until_finished()
+        for step in sorted(self.manager.all_steps(), reverse=True):
+            if os.path.isdir(os.path.join(self.directory, str(step), "checksums")):
+                return f"The newest finite checkpoint is step {step} in {self.directory}."
+        return f"No finite checkpoint is saved in {self.directory}."
 
     def restore_state(self, state: TrainState) -> tuple[TrainState, dict] | None:
-        """``(state, data)`` of the newest checkpoint that restores, else None; ``state``
-        is a host train state giving the structure and dtypes."""
-        restored = self.restore_latest(state.params, _train_items(state))
-        if restored is None:
-            return None
-        _, params, train, data = restored
-        return state.replace(params=params, **train), data
+        """``(state, data)`` of the newest checkpoint that restores and matches its
+        checksums, else None; ``state`` is a host train state giving structure and dtypes.
 
-    def restore_latest(
-        self, params: Any, train: dict[str, Any]
-    ) -> tuple[int, Any, dict, dict] | None:
-        """``(step, params, train, data)`` of the newest checkpoint that restores, else None.
-
-        ``params`` and ``train`` are host pytrees giving the structure and dtypes.
+        CheckpointMismatch if the newest readable checkpoint holds other arrays than ``state``.
         """
+        template = {"params": state.params, "train": _train_items(state)}
         for step in sorted(self.manager.all_steps(), reverse=True):
             try:
+                self._check_shapes(step, template)
                 restored = self.manager.restore(
                     step,
                     args=ocp.args.Composite(
-                        params=ocp.args.StandardRestore(params),
-                        train=ocp.args.StandardRestore(train),
+                        params=ocp.args.StandardRestore(state.params),
+                        train=ocp.args.StandardRestore(template["train"]),
                         data=ocp.args.JsonRestore(),
                     ),
                 )
+                self._verify(step, {"params": restored["params"], "train": restored["train"]})
+            except CheckpointMismatch:
+                raise
             except Exception as e:  # noqa: BLE001 - any unreadable checkpoint: try the previous
                 self._set_aside(step, e)
                 continue
-            return step, restored["params"], restored["train"], restored["data"]
+            return state.replace(params=restored["params"], **restored["train"]), restored["data"]
         return None
 
+    def _check_shapes(self, step: int, template: dict[str, Any]) -> None:
+        metadata = self.manager.item_metadata(step)
+        for name in ("params", "train"):
+            if metadata.get(name) is None:
+                raise ValueError(f"item {name!r} is missing")
+            saved, expected = _shapes(metadata[name]), _shapes(template[name])
+            if name == "train":  # optimizer states: compared as shapes, their names may differ
+                saved = dict(enumerate(sorted(saved.values())))
+                expected = dict(enumerate(sorted(expected.values())))
+            if saved != expected:
+                raise CheckpointMismatch(
+                    f"checkpoint {step} in {self.directory} holds other {name} arrays than "
+                    f"the config describes ({_difference(saved, expected)})"
+                )
+
+    def _verify(self, step: int, restored: dict[str, Any]) -> None:
+        path = os.path.join(self.directory, str(step), "checksums")
+        if not os.path.isdir(path):
+            return  # written before checksums were kept
+        saved = self.manager.restore(
+            step, args=ocp.args.Composite(checksums=ocp.args.JsonRestore())
+        )["checksums"]
+        for name, tree in restored.items():
+            for key, value in checksums(tree).items():
+                if saved[name].get(key) != value:
+                    raise ValueError(f"checksum mismatch in {name}{key}")
+
     def _set_aside(self, step: int, error: Exception) -> None:
-        """Rename an unreadable step to ``{step}.unreadable`` so it is neither used nor
-        overwritten, and say so."""
+        """Rename an unreadable step to a free ``{step}.unreadable[.N]`` so that it is neither
+        used nor overwritten, and say exactly what was done."""
         path = os.path.join(self.directory, str(step))
-        aside = f"{path}.unreadable"
-        if jax.process_index() == 0 and os.path.isdir(path) and not os.path.exists(aside):
-            os.rename(path, aside)
+        aside, n = f"{path}.unreadable", 1
+        while os.path.exists(aside):
+            aside, n = f"{path}.unreadable.{n}", n + 1
+        reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+        if jax.process_index() != 0:
+            done = "process 0 sets it aside"
+        else:
+            try:
+                os.rename(path, aside)
+                done = f"moved it to {aside}"
+            except OSError as e:
+                done = f"could not move it aside ({e.strerror})"
         self.manager.reload()
-        log.warning("checkpoint %d in %s is unreadable (%s)", step, self.directory, error)
         print(
-            f"warning: checkpoint {step} is unreadable ({type(error).__name__}); moved to "
-            f"{aside}, trying the previous one"
+            f"warning: checkpoint {step} in {self.directory} is unreadable ({reason[:300]}); "
+            f"{done}; trying the previous one"
         )
 
-    def latest_step(self) -> int | None:
-        return self.manager.latest_step()
-
     def close(self) -> None:
-        """Wait for pending saves and release the manager (once; later calls do nothing)."""
-        if self.manager is not None:
+        """Wait for pending saves and release the manager (once; later calls do nothing);
+        OSError if the last save failed."""
+        if self.manager is None:
+            return
+        try:
             self.manager.wait_until_finished()
+            self.manager.check_for_errors()
+        except Exception as e:  # noqa: BLE001 - whatever the writer thread raised
+            raise self._failed(e) from None
+        finally:
             self.manager.close()
             self.manager = None
 

@@ -57,10 +57,16 @@ def describe(step: int, split: str, record: dict[str, float]) -> str:
 class _Split:
     """Batches of every pair of one split and the pairs translated for BLEU."""
 
-    def __init__(self, config: Any, workdir: str, tokenizer: Any, num_shards: int, split: str):
-        self.batches, _ = data_lib.eval_split_batches(
+    def __init__(self, config: Any, workdir: str, tokenizer: Any, num_shards: int, field: str):
+        split = config.data[field]
+        self.batches, counts = data_lib.eval_split_batches(
             config.data, workdir, tokenizer, num_shards, split
         )
+        if not self.batches:
+            raise ValueError(
+                f"data.{field}={split!r} has no pair to evaluate on ({counts['pairs']} kept, "
+                f"{counts['dropped_too_long']} longer than data.max_len={config.data.max_len})"
+            )
         self.pairs = data_lib.load_pairs(config.data, split)
 
 
@@ -83,11 +89,11 @@ class Evaluator:
             tokenizer,
         )
         num_shards = jax.device_count()
-        self.dev_split = _Split(config, workdir, tokenizer, num_shards, config.data.eval_split)
+        self.dev_split = _Split(config, workdir, tokenizer, num_shards, "eval_split")
         self.dev_pairs = self.dev_split.pairs[: config.train.eval_sentences]
         self.test_split = None
         if config.train.final_test:
-            self.test_split = _Split(config, workdir, tokenizer, num_shards, config.data.test_split)
+            self.test_split = _Split(config, workdir, tokenizer, num_shards, "test_split")
 
     def dev(self, params: Any) -> dict[str, float]:
         """``eval_*`` loss, perplexity and accuracy on every dev pair, BLEU on the first

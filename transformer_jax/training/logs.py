@@ -17,8 +17,9 @@ TENSORBOARD_DIR = "tensorboard"
 class MetricsWriter:
     """Appends metric records to ``metrics.jsonl`` and TensorBoard scalars.
 
-    A resumed run first drops the records after its restored step, so the file reads as
-    one uninterrupted run. Only process 0 writes.
+    A resumed run first drops the records after its restored step (the file is replaced
+    whole, never cut in place), and TensorBoard's events are written anew from the records
+    kept, so both read as one uninterrupted run. Only process 0 writes.
     """
 
     def __init__(self, workdir: str, resume_step: int, enabled: bool = True):
@@ -28,13 +29,26 @@ class MetricsWriter:
         if not enabled:
             return
         records = read_metrics(workdir) if os.path.isfile(self.path) else []
-        with open(self.path, "w") as f:
-            for record in records:
-                if record["step"] <= resume_step:
-                    f.write(json.dumps(record) + "\n")
+        records = [r for r in records if r["step"] <= resume_step]
+        with open(f"{self.path}.tmp", "w") as f:
+            f.writelines(json.dumps(record) + "\n" for record in records)
+        os.replace(f"{self.path}.tmp", self.path)
         from tensorboardX import SummaryWriter
 
-        self.writer = SummaryWriter(os.path.join(workdir, TENSORBOARD_DIR))
+        directory = os.path.join(workdir, TENSORBOARD_DIR)
+        stale = os.listdir(directory) if os.path.isdir(directory) else []
+        self.writer = SummaryWriter(directory)
+        for record in records:
+            self._scalars(record["step"], record)
+        self.writer.flush()
+        for name in stale:
+            if name.startswith("events.out.tfevents."):
+                os.remove(os.path.join(directory, name))
+
+    def _scalars(self, step: int, values: dict[str, Any]) -> None:
+        for key, value in values.items():
+            if key != "step" and isinstance(value, int | float):
+                self.writer.add_scalar(key, value, step)
 
     def write(self, step: int, values: dict[str, Any]) -> None:
         if not self.enabled:
@@ -42,9 +56,7 @@ class MetricsWriter:
         record = {"step": int(step), **values}
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
-        for key, value in values.items():
-            if isinstance(value, int | float):
-                self.writer.add_scalar(key, value, step)
+        self._scalars(step, values)
         self.writer.flush()
 
     def close(self) -> None:

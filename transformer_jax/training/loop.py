@@ -11,6 +11,7 @@ load them with ``--checkpoint snapshots/STEP``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any
 
@@ -20,16 +21,30 @@ import numpy as np
 from tqdm import tqdm
 
 from transformer_jax import data as data_lib
+from transformer_jax.model.config import TransformerConfig
 from transformer_jax.training import checkpoints
 from transformer_jax.training.evaluator import Evaluator, describe
 from transformer_jax.training.logs import METRICS_FILE, MetricsWindow, MetricsWriter, read_metrics
 from transformer_jax.training.run import Run, run_schedule, start_run
 from transformer_jax.training.signals import Signals
+from transformer_jax.training.validation import validate_config
+from transformer_jax.training.workdir import lock_workdir
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-    """Train (or resume) ``config`` in ``workdir``; returns the final evaluation results."""
-    run = start_run(config, workdir)
+    """Train (or resume) ``config`` in ``workdir``, which no other process may write meanwhile
+    (``lock_workdir``). Returns the final evaluation results, or ``{'step': ...,
+    'complete': False, 'stopped_by': 'SIGTERM'}`` when a signal stopped it."""
+    model_config = validate_config(config)  # before the workdir is created
+    lock = lock_workdir(workdir) if jax.process_index() == 0 else contextlib.nullcontext()
+    with lock:
+        return _train_and_evaluate(config, model_config, workdir)
+
+
+def _train_and_evaluate(
+    config: ml_collections.ConfigDict, model_config: TransformerConfig, workdir: str
+) -> dict[str, Any]:
+    run = start_run(config, model_config, workdir)
     num_steps = config.train.num_steps
     if run.start >= num_steps:
         print(f"the run in {workdir} is complete: step {run.start} of train.num_steps={num_steps}")
@@ -51,10 +66,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     )
     evaluator = Evaluator(config, workdir, run.dp, run.model_config, run.tokenizer)
     trainer = _Trainer(run, train_iter, evaluator)
-    try:
-        stopped_by = trainer.train()
-    finally:
-        run.checkpointer.close()
+    with Signals() as signals:  # until the checkpoint is written: a late SIGTERM waits for it
+        try:
+            stopped_by = trainer.train(signals)
+        finally:
+            run.checkpointer.close()
     if stopped_by:
         trainer.writer.close()
         print(f"{stopped_by}: saved the checkpoint at step {trainer.step}; rerun to resume")
@@ -97,7 +113,7 @@ class _Trainer:
         self.pending: tuple[int, dict] | None = None
         self.last_loss = float("nan")
 
-    def train(self) -> str | None:
+    def train(self, signals: Signals) -> str | None:
         """Train to ``train.num_steps``; the name of the signal that stopped it early, if any."""
         train = self.config.train
         bar = tqdm(
@@ -107,8 +123,9 @@ class _Trainer:
             unit="step",
             disable=jax.process_index() != 0,
         )
-        with Signals() as signals, bar:
+        with bar:
             for step in range(self.step + 1, train.num_steps + 1):
+                signals.share()  # every process acts on any process's signals at this step
                 self.update(step)
                 bar.update(1)
                 requests = signals.poll()
@@ -185,9 +202,6 @@ class _Trainer:
 
 def _check_finite(step: int, loss: float, checkpointer: checkpoints.Checkpointer) -> None:
     if not np.isfinite(loss):
-        last = checkpointer.latest_step()
-        checkpointer.close()
-        kept = f"the last good checkpoint is step {last}" if last else "no checkpoint was saved"
         raise FloatingPointError(
-            f"training loss is {loss} at step {step}; stopping ({kept} in {checkpointer.directory})"
+            f"training loss is {loss} at step {step}; stopping. {checkpointer.describe_newest()}"
         )

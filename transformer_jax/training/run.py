@@ -4,7 +4,9 @@ state and the checkpointer of a workdir."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import time
 from typing import Any
 
 import jax
@@ -15,10 +17,88 @@ from transformer_jax import data as data_lib
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.training import checkpoints
+from transformer_jax.training.distributed import from_process_zero
 from transformer_jax.training.optimizer import transformer_optimizer, transformer_schedule
 from transformer_jax.training.parallel import DataParallel
 from transformer_jax.training.steps import TrainState, create_train_state
-from transformer_jax.training.validation import validate_config
+
+# Fields a resumed run may change: when and what it logs, saves and evaluates, how long it
+# trains, how it decodes, where its data lives. Any other change makes another run.
+RESUMABLE = (
+    "train.num_steps",
+    "train.log_every",
+    "train.eval_every",
+    "train.eval_sentences",
+    "train.checkpoint_every",
+    "train.keep_checkpoints",
+    "train.final_test",
+    "train.test_sentences",
+    "train.samples",
+    "train.parallel",
+    "data.text_dir",
+    "data.tfds_data_dir",
+    "decode.",
+)
+CONFIG_HISTORY_FILE = "config_history.jsonl"
+
+
+def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def config_changes(saved: dict[str, Any], config: ml_collections.ConfigDict) -> dict[str, tuple]:
+    """``{field: (saved value, new value)}`` of the fields both configs have and that differ."""
+    old, new = _flat(saved), _flat(json.loads(config.to_json()))
+    return {k: (old[k], new[k]) for k in new if k in old and old[k] != new[k]}
+
+
+def check_resumable(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any] | None:
+    """The config saved in ``workdir`` (None if none); ValueError listing the fields that
+    differ if ``workdir`` holds checkpoints of a run that ``config`` cannot resume."""
+    path = os.path.join(workdir, checkpoints.CONFIG_FILE)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path) as f:
+            saved = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot read {path}: {e}; move it away to start anew") from None
+    directory = os.path.join(workdir, checkpoints.CHECKPOINT_DIR)
+    has_checkpoints = os.path.isdir(directory) and any(map(str.isdigit, os.listdir(directory)))
+    changes = config_changes(saved, config)
+    refused = {k: v for k, v in changes.items() if not k.startswith(RESUMABLE)}
+    if has_checkpoints and refused:
+        listed = ", ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in refused.items())
+        raise ValueError(
+            f"{workdir!r} holds checkpoints of a run with another config ({listed}); to resume "
+            f"it, use the saved values (in {path}); to start a new run, choose another "
+            "--workdir. Nothing was changed."
+        )
+    return saved
+
+
+def write_config(
+    config: ml_collections.ConfigDict, workdir: str, previous: dict[str, Any] | None, step: int
+) -> None:
+    """Write ``{workdir}/config.json``; a change to a saved config is appended to
+    ``config_history.jsonl`` first (step, time and each field's old and new value)."""
+    if previous is not None:
+        changes = config_changes(previous, config)
+        if not changes:
+            return
+        record = {"step": step, "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "changed": changes}
+        with open(os.path.join(workdir, CONFIG_HISTORY_FILE), "a") as f:
+            f.write(json.dumps(record) + "\n")
+    path = os.path.join(workdir, checkpoints.CONFIG_FILE)
+    with open(f"{path}.tmp", "w") as f:
+        f.write(config.to_json(indent=2))
+    os.replace(f"{path}.tmp", path)
 
 
 def run_schedule(config: ml_collections.ConfigDict, model_config: TransformerConfig) -> Any:
@@ -63,19 +143,24 @@ class Run:
         return int(self.state.step)
 
 
-def start_run(config: ml_collections.ConfigDict, workdir: str) -> Run:
-    """Check ``config``, then restore the newest good checkpoint of ``workdir`` or start anew."""
-    model_config = validate_config(config)
+def start_run(
+    config: ml_collections.ConfigDict, model_config: TransformerConfig, workdir: str
+) -> Run:
+    """Restore the newest good checkpoint of ``workdir`` or start anew; ``model_config`` is
+    ``validate_config(config)``."""
     os.makedirs(workdir, exist_ok=True)
-    tokenizer = data_lib.get_tokenizer(config.data, workdir, config.model.vocab_size)
+    previous = check_resumable(config, workdir)  # before anything is written
+
+    def tokenizer_bytes() -> bytes:
+        return data_lib.get_tokenizer(config.data, workdir, config.model.vocab_size).model_proto
+
+    # trained and written by process 0 alone; the other processes receive its bytes
+    tokenizer = data_lib.Tokenizer(from_process_zero(tokenizer_bytes, f"{workdir}/tokenizer.model"))
     if tokenizer.vocab_size > model_config.tgt_vocab:
         raise ValueError(
             f"model.vocab_size={model_config.tgt_vocab} is smaller than the tokenizer's "
             f"{tokenizer.vocab_size} pieces in {workdir}/tokenizer.model"
         )
-    if jax.process_index() == 0:
-        with open(os.path.join(workdir, checkpoints.CONFIG_FILE), "w") as f:
-            f.write(config.to_json(indent=2))
     dp = DataParallel(
         config.train.parallel,
         Transformer(model_config),
@@ -88,4 +173,6 @@ def start_run(config: ml_collections.ConfigDict, workdir: str) -> Run:
     data_state = None
     if restored is not None:
         state, data_state = restored
+    if jax.process_index() == 0:
+        write_config(config, workdir, previous, int(state.step))
     return Run(config, workdir, model_config, tokenizer, dp, state, data_state, checkpointer)

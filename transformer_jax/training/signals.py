@@ -4,16 +4,21 @@ SIGTERM (a scheduler preempting the job) and SIGINT (Ctrl-C) ask the loop to sav
 checkpoint and stop after the current step; a second SIGINT stops at once
 (``KeyboardInterrupt``). SIGUSR1 asks for a snapshot of the parameters, and training goes
 on. The loop reads the requests once per step with :meth:`Signals.poll`, the one place
-where every process must agree on them.
+where every process must agree on them: with several processes, a request received by any
+process is acted on by all at the same step (:meth:`Signals.share`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import signal
+from collections.abc import Callable
 from typing import Any
 
+from transformer_jax.training.distributed import any_process
+
 _STOPPING = (signal.SIGTERM, signal.SIGINT)
+_STOP_NAMES = tuple(s.name for s in _STOPPING)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +36,7 @@ class Signals:
         self._stop: str | None = None
         self._snapshot = False
         self._previous: dict[int, Any] = {}
+        self._shared: Callable[[], tuple[bool, ...]] | None = None
 
     def __enter__(self) -> Signals:
         for signum in (*_STOPPING, signal.SIGUSR1):
@@ -48,11 +54,23 @@ class Signals:
         else:
             self._stop = self._stop or signal.Signals(signum).name
 
+    def share(self) -> None:
+        """Start ORing the requests received so far with the other processes' (a collective:
+        every process calls it at the same point); :meth:`poll` returns the result. Called
+        before a step is dispatched, the exchange overlaps the step."""
+        local = [self._stop == name for name in _STOP_NAMES] + [self._snapshot]
+        self._snapshot = False  # answered by the snapshot this exchange leads to
+        self._shared = any_process(local)
+
     def poll(self) -> Requests:
-        """The requests for this step boundary; a snapshot request is answered by reading it."""
-        requests = Requests(stop=self._stop, snapshot=self._snapshot)
-        self._snapshot = False
-        return requests
+        """The requests for this step boundary, the same on every process (from the last
+        :meth:`share`, or from one now); a snapshot request is answered by reading it."""
+        if self._shared is None:
+            self.share()
+        *stops, snapshot = self._shared()
+        self._shared = None
+        stop = next((name for name, seen in zip(_STOP_NAMES, stops, strict=True) if seen), None)
+        return Requests(stop=stop, snapshot=snapshot)
 
     def __exit__(self, *exc: Any) -> None:
         for signum, previous in self._previous.items():

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
 import ml_collections
 
 from transformer_jax.data.sources import SOURCES
+from transformer_jax.data.tokenizer import PAD_ID
 from transformer_jax.model.config import TransformerConfig, from_config_dict
 from transformer_jax.training.loss import check_convention
 from transformer_jax.training.parallel import check_kind
@@ -29,8 +31,17 @@ def _float(config: Any, section: str, name: str, low: float, high: float | None 
         raise ValueError(f"{section}.{name} must be a number {bound}, got {value!r}")
 
 
+def _finite(tree: Any, prefix: str = "") -> None:
+    for name, value in tree.items():
+        if isinstance(value, dict):
+            _finite(value, f"{prefix}{name}.")
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{prefix}{name} must be a finite number, got {value!r}")
+
+
 def validate_config(config: ml_collections.ConfigDict) -> TransformerConfig:
     """Raise ``ValueError`` naming the first bad field; return the model config."""
+    _finite(config.to_dict())
     for name in ("num_steps", "warmup_steps", "grad_accum_steps", "log_every", "keep_checkpoints"):
         _int(config, "train", name, 1)
     for name in (
@@ -69,6 +80,11 @@ def validate_config(config: ml_collections.ConfigDict) -> TransformerConfig:
     _float(config, "decode", "alpha", -1e-12)
 
     model = from_config_dict(config.model)
+    if model.pad_id != PAD_ID:
+        raise ValueError(
+            f"model.pad_id={model.pad_id} must be {PAD_ID}: the tokenizer and the batches "
+            f"pad with id {PAD_ID}"
+        )
     if data.max_len > model.max_len:
         raise ValueError(
             f"data.max_len={data.max_len} must be <= model.max_len={model.max_len} "
