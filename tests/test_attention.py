@@ -1,7 +1,6 @@
 """Scaled dot-product attention and multi-head attention: properties from the paper (§3.2)."""
 
 import chex
-import flax.linen
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,7 +12,6 @@ from transformer_jax.model.attention import (
     causal_mask,
     combine_masks,
     padding_mask,
-    position_wise,
     scaled_dot_product_attention,
     segment_mask,
 )
@@ -156,9 +154,8 @@ def test_bad_inputs_raise_value_error():
         scaled_dot_product_attention(q[0], k[0], v[0])
     with pytest.raises(ValueError, match="fused"):
         scaled_dot_product_attention(q, k, v, impl="fused", return_weights=True)
-    if jax.default_backend() != "gpu":
-        with pytest.raises(ValueError, match="impl='cudnn' needs a GPU backend"):
-            scaled_dot_product_attention(q, k, v, impl="cudnn")
+    with pytest.raises(ValueError, match="impl='cudnn' needs float16/bfloat16 inputs"):
+        scaled_dot_product_attention(q, k, v, impl="cudnn")
 
 
 def test_self_attention_without_positions_is_permutation_equivariant():
@@ -172,14 +169,25 @@ def test_self_attention_without_positions_is_permutation_equivariant():
     np.testing.assert_allclose(out_perm, out[:, perm], atol=1e-5)
 
 
-def test_position_wise_equals_the_layer_applied_directly():
-    """Flattening positions to one axis changes nothing a position-wise layer computes."""
-    x = jax.random.normal(jax.random.key(0), (2, 3, 4, 5))
-    dense = flax.linen.DenseGeneral(features=(2, 3), axis=(-2, -1))
-    params = dense.init(jax.random.key(1), x)
-    out = position_wise(lambda h: dense.apply(params, h), x, feature_axes=2)
-    chex.assert_shape(out, (2, 3, 2, 3))
-    np.testing.assert_allclose(out, dense.apply(params, x), rtol=1e-6, atol=1e-6)
+@pytest.mark.parametrize("impl", ["reference", "fused"])
+def test_is_causal_equals_the_causal_mask(impl):
+    """``is_causal`` adds §3.2.3's mask to any other: the same output as the combined mask."""
+    q, k, v = qkv(q_len=6, kv_len=6)
+    keys = padding_mask(jnp.array([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0]]))
+    for mask in (None, keys):
+        out = scaled_dot_product_attention(q, k, v, mask, is_causal=True, impl=impl)
+        expected = scaled_dot_product_attention(q, k, v, combine_masks(mask, causal_mask(6)))
+        np.testing.assert_allclose(out, expected, atol=1e-5)
+
+
+def test_causal_multi_head_attention_equals_the_causal_mask():
+    x = jax.random.normal(jax.random.key(0), (2, 5, 16))
+    causal = MultiHeadAttention(num_heads=4, qk_dim=4, v_dim=4, causal=True)
+    params = causal.init(jax.random.key(1), x)
+    expected = MultiHeadAttention(num_heads=4, qk_dim=4, v_dim=4).apply(
+        params, x, mask=causal_mask(5)
+    )
+    np.testing.assert_allclose(causal.apply(params, x), expected, atol=1e-6)
 
 
 def test_multi_head_is_concat_of_heads_times_w_o():

@@ -6,13 +6,21 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_jax.kernels.dropout import Dropout, dropout, keep_mask, random_bits, threefry2x32
+from transformer_jax.kernels.dropout import (
+    dropout,
+    fused_dropout,
+    keep_mask,
+    random_bits,
+    threefry2x32,
+)
+from transformer_jax.model.layers import Dropout
 
 
 @pytest.mark.parametrize("rate", [0.1, 0.3, 0.5])
-def test_keep_fraction_and_expectation(rate):
+@pytest.mark.parametrize("drop", [dropout, fused_dropout])
+def test_keep_fraction_and_expectation(rate, drop):
     x = jnp.ones((512, 513))
-    y = dropout(x, rate, jax.random.PRNGKey(0))
+    y = drop(x, rate, jax.random.PRNGKey(0))
     kept = np.asarray(y != 0)
     n = kept.size
     # within 5 standard deviations of the binomial mean
@@ -59,6 +67,17 @@ def test_keep_probability_is_exact_to_32_bits_and_masks_are_independent():
     other, _ = keep_mask(jax.random.PRNGKey(2), 0.1, (40, 1000))
     assert (np.asarray(other) != np.asarray(mask)).any()
     assert keep_mask(jax.random.PRNGKey(1), 1e-12, (8,))[1] == (2**32 - 1) / 2**32  # < 1
+
+
+def test_both_kernel_sets_drop_the_same_elements():
+    x = jax.random.normal(jax.random.PRNGKey(5), (3, 7, 33))
+    key = jax.random.PRNGKey(6)
+    np.testing.assert_array_equal(
+        jax.jit(fused_dropout, static_argnums=1)(x, 0.1, key), dropout(x, 0.1, key)
+    )
+    y = Dropout(0.3).apply({}, x, deterministic=False, rngs={"dropout": key})
+    z = Dropout(0.3, "cpu").apply({}, x, deterministic=False, rngs={"dropout": key})
+    np.testing.assert_array_equal(y, z)
 
 
 def test_module_is_identity_when_deterministic_and_zero_rate():

@@ -5,7 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_jax.model.embeddings import AddPositions, Embed, sinusoidal_positions, tied_logits
+from transformer_jax import kernels
+from transformer_jax.model.embeddings import AddPositions, Embed, sinusoidal_positions
 
 
 def test_sinusoidal_hand_values():
@@ -63,7 +64,8 @@ def test_embedding_scaled_by_sqrt_d_model_and_attend_is_tied():
     assert abs(float((big["params"]["embedding"] * 8.0).std()) - 1.0) < 0.05
 
 
-def test_tied_logits_gradients_equal_the_plain_product():
+@pytest.mark.parametrize("kernel_set", ["xla", "cpu"])
+def test_tied_logits_gradients_equal_the_plain_product(kernel_set):
     x = jax.random.normal(jax.random.key(2), (3, 5, 8))
     table = jax.random.normal(jax.random.key(3), (13, 8))
     upstream = jax.random.normal(jax.random.key(4), (3, 5, 13))
@@ -71,6 +73,7 @@ def test_tied_logits_gradients_equal_the_plain_product():
     def loss(f):
         return lambda x, e: (f(x, e) * upstream).sum()
 
+    tied_logits = kernels.ops(kernel_set).tied_logits
     ours = jax.jit(jax.grad(loss(tied_logits), argnums=(0, 1)))(x, table)
     plain = jax.grad(loss(lambda x, e: jnp.einsum("btd,vd->btv", x, e)), argnums=(0, 1))(x, table)
     for got, want in zip(ours, plain, strict=True):

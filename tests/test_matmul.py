@@ -1,4 +1,5 @@
-"""``matmul_precision='bfloat16'``: products of bfloat16-rounded operands, float32 elsewhere.
+"""``matmul_precision``: 'float32' at the highest precision, 'bfloat16' products of
+bfloat16-rounded operands (float32 elsewhere), in both kernel sets.
 
 The reference for every product is the float32 einsum of operands rounded to bfloat16
 by hand (exact: a product of two bfloat16 numbers fits in float32), so the checks are
@@ -14,9 +15,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import TINY_CONFIG
+from test_kernels import bfloat16_products_on_cpu  # noqa: F401 (fixture)
 
-from transformer_jax import Transformer, TransformerConfig, matmul
-from transformer_jax.model.embeddings import tied_logits
+from transformer_jax import Transformer, TransformerConfig
+from transformer_jax.kernels import matmul, precision
+from transformer_jax.kernels.matmul import tied_logits
 from transformer_jax.training.loss import loss_and_metrics
 
 
@@ -42,12 +45,14 @@ SPECS = [  # (spec, a shape, b shape): every product the model takes, by layout
 ]
 
 
+@pytest.mark.parametrize("einsum", [precision.einsum, matmul.einsum], ids=["xla", "cpu"])
 @pytest.mark.parametrize("spec,a_shape,b_shape", SPECS)
-def test_bfloat16_product_and_both_gradients_use_rounded_operands(spec, a_shape, b_shape):
+@pytest.mark.usefixtures("bfloat16_products_on_cpu")
+def test_bfloat16_product_and_both_gradients_use_rounded_operands(spec, a_shape, b_shape, einsum):
     a, b = normal(0, *a_shape), normal(1, *b_shape)
     out_shape = jax.eval_shape(lambda a, b: jnp.einsum(spec, a, b), a, b).shape
     g = normal(2, *out_shape)
-    out, vjp = jax.vjp(lambda a, b: matmul.einsum(spec, a, b, "bfloat16"), a, b)
+    out, vjp = jax.vjp(lambda a, b: einsum(spec, a, b, "bfloat16"), a, b)
     grad_a, grad_b = vjp(g)
     assert out.dtype == grad_a.dtype == grad_b.dtype == jnp.float32
 
@@ -88,13 +93,32 @@ def test_after_keeps_the_value_and_the_dependency():
     assert matmul.after(x, jnp.zeros((0,))) is x
 
 
-def test_float32_is_the_plain_einsum_and_bad_precision_raises():
+def precisions(f, *args):
+    """The precision of each product in the derivative's jaxpr (forward and backward)."""
+    jaxpr = str(jax.make_jaxpr(jax.grad(f, argnums=tuple(range(len(args)))))(*args))
+    return re.findall(r"precision=\(?(?:Precision\.)?(\w+)", jaxpr)
+
+
+@pytest.mark.parametrize("name,expected", [("float32", "HIGHEST"), ("tf32", "DEFAULT")])
+def test_float32_products_carry_their_precision_and_bad_precision_raises(name, expected):
+    """'float32' is float32 arithmetic also on TF32 hardware: every product of the plain
+    einsum, its derivative and dense layers says Precision.HIGHEST."""
     a, b = normal(0, 6, 8), normal(1, 8, 5)
-    np.testing.assert_array_equal(matmul.einsum("td,df->tf", a, b), jnp.einsum("td,df->tf", a, b))
+    np.testing.assert_array_equal(
+        precision.einsum("td,df->tf", a, b, name), jnp.einsum("td,df->tf", a, b)
+    )
+    for einsum in (precision.einsum, matmul.einsum):
+        found = precisions(lambda a, b, f=einsum: f("td,df->tf", a, b, name).sum(), a, b)
+        assert found and set(found) == {expected}, found
+    for dot_general in (precision.dot_general(name), matmul.dot_general(name)):
+        layer = nn.Dense(5, dot_general=dot_general)
+        params = layer.init(jax.random.PRNGKey(0), a)
+        found = precisions(lambda p, layer=layer: layer.apply(p, a).sum(), params)
+        assert found and set(found) == {expected}, found
     with pytest.raises(ValueError, match="matmul_precision must be one of"):
-        matmul.einsum("td,df->tf", a, b, "float16")
+        precision.einsum("td,df->tf", a, b, "float16")
     with pytest.raises(ValueError, match="matmul_precision"):
-        TransformerConfig(matmul_precision="tf32")
+        TransformerConfig(matmul_precision="float16")
 
 
 @pytest.mark.parametrize(
@@ -108,10 +132,9 @@ def test_float32_is_the_plain_einsum_and_bad_precision_raises():
 )
 def test_dot_general_matches_lax_dot_general_on_rounded_operands(dims, a_shape, b_shape):
     a, b = normal(0, *a_shape), normal(1, *b_shape)
-    ours = matmul.dot_general("bfloat16")(a, b, dims)
-    close(ours, jax.lax.dot_general(rounded(a), rounded(b), dims))
-    assert matmul.dot_general("float32") is matmul.flat_dot_general
-    assert matmul.dot_general("bfloat16") is matmul.rounded_dot_general
+    for dot_general in (precision.dot_general, matmul.dot_general):
+        ours = dot_general("bfloat16")(a, b, dims)
+        close(ours, jax.lax.dot_general(rounded(a), rounded(b), dims))
 
 
 @pytest.mark.parametrize(

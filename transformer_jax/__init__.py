@@ -1,5 +1,6 @@
 """transformer_jax: the Transformer of "Attention Is All You Need" in JAX/Flax."""
 
+from transformer_jax import kernels
 from transformer_jax.model.attention import (
     MultiHeadAttention,
     causal_mask,
@@ -17,6 +18,7 @@ __all__ = [
     "Transformer",
     "TransformerConfig",
     "causal_mask",
+    "kernels",
     "padding_mask",
     "scaled_dot_product_attention",
     "sinusoidal_positions",

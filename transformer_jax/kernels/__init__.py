@@ -1,1 +1,107 @@
-"""Backend-specific fast paths (XLA:CPU layouts, fused dropout bits) and process settings."""
+"""The one seam for backend-specific code: the ops the model calls and the process settings.
+
+Two kernel sets give the same values (tests check it):
+
+- ``xla``: plain ``jnp.einsum`` / ``lax.dot_general`` at the configured precision,
+  ``jax.random.bits`` for dropout, autodiff everywhere. What every platform but the CPU runs.
+- ``cpu``: the same products shaped for XLA:CPU (operand layouts for its bfloat16 kernels,
+  flattened dense layers, a blocked transpose and an ordered derivative for the tied
+  logits: :mod:`.matmul`) and dropout bits as fused elementwise code (:mod:`.dropout`).
+
+``TransformerConfig.kernels = 'auto'`` takes ``cpu`` when the *target* platform
+(``TransformerConfig.platform``) is the CPU, ``xla`` otherwise. :func:`configure_process`
+applies the CPU runtime settings (:mod:`.malloc`, :mod:`.vectors`) on CPU hosts only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import os
+from collections.abc import Callable
+
+import jax
+
+from transformer_jax.kernels import dropout, matmul, precision
+from transformer_jax.kernels.malloc import retain_freed_memory
+from transformer_jax.kernels.vectors import prefer_wide_vectors
+
+Array = jax.Array
+
+KERNELS = ("auto", "xla", "cpu")
+PLATFORMS = ("auto", "cpu", "gpu", "cuda", "rocm", "tpu")  # 'gpu': CUDA or ROCm, as JAX says
+CUDA_PLATFORMS = ("gpu", "cuda")
+
+
+@dataclasses.dataclass(frozen=True)
+class Ops:
+    """The products and dropout the model takes from one kernel set.
+
+    ``dot_general(precision)``: a ``lax.dot_general`` for ``nn.Dense(dot_general=...)``;
+    ``einsum(spec, a, b, precision, preferred_element_type=None)``;
+    ``tied_logits(x, embedding, precision)``: ``x E^T``;
+    ``dropout(x, rate, rng)``: §5.4's dropout.
+    """
+
+    name: str
+    dot_general: Callable[[str], Callable[..., Array]]
+    einsum: Callable[..., Array]
+    tied_logits: Callable[[Array, Array, str], Array]
+    dropout: Callable[[Array, float, Array], Array]
+
+
+def _tied_logits(x: Array, embedding: Array, matmul_precision: str = "float32") -> Array:
+    return precision.einsum("...d,vd->...v", x, embedding, matmul_precision)
+
+
+XLA = Ops("xla", precision.dot_general, precision.einsum, _tied_logits, dropout.dropout)
+CPU = Ops("cpu", matmul.dot_general, matmul.einsum, matmul.tied_logits, dropout.fused_dropout)
+_SETS = {"xla": XLA, "cpu": CPU}
+
+
+def resolve(kernels: str, platform: str) -> str:
+    """The kernel set ('xla' | 'cpu') for ``kernels`` on the target ``platform``."""
+    if kernels not in KERNELS:
+        raise ValueError(f"kernels must be one of {KERNELS}, got {kernels!r}")
+    if kernels != "auto":
+        return kernels
+    return "cpu" if platform == "cpu" else "xla"
+
+
+def ops(name: str) -> Ops:
+    """The kernel set ``name`` ('xla' | 'cpu', see :func:`resolve`)."""
+    if name not in _SETS:
+        raise ValueError(f"kernel set must be one of {tuple(_SETS)}, got {name!r}")
+    return _SETS[name]
+
+
+def host_platform() -> str:
+    """The platform JAX will start on, read without starting it: the first entry of
+    ``JAX_PLATFORMS``, else 'gpu' or 'tpu' where an accelerator plugin is installed, else
+    'cpu'."""
+    chosen = os.environ.get("JAX_PLATFORMS", "").split(",")[0].strip().lower()
+    if chosen:
+        return chosen
+    names = {(d.metadata["Name"] or "").lower().replace("_", "-") for d in _distributions()}
+    if any(n.startswith(("jax-cuda", "jax-rocm")) for n in names):
+        return "gpu"
+    if any(n.startswith("libtpu") for n in names):
+        return "tpu"
+    return "cpu"
+
+
+def _distributions() -> list[importlib.metadata.Distribution]:
+    return list(importlib.metadata.distributions())
+
+
+def configure_process(platform: str = "auto") -> bool:
+    """On a CPU platform, set glibc malloc to reuse freed pages and XLA:CPU to use 512-bit
+    vectors on AVX-512; elsewhere nothing. Call it before JAX starts (``platform='auto'``:
+    :func:`host_platform`). Returns whether it applied the settings."""
+    if platform not in PLATFORMS:
+        raise ValueError(f"model.platform must be one of {PLATFORMS}, got {platform!r}")
+    if (host_platform() if platform == "auto" else platform) != "cpu":
+        return False
+    retain_freed_memory()  # before XLA starts its threads
+    prefer_wide_vectors()  # before XLA reads its flags
+    return True

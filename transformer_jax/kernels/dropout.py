@@ -1,18 +1,17 @@
-"""Dropout (§5.4: P_drop on sub-layer outputs and embedding sums) from threefry random
-bits computed in the same elementwise pass as the mask.
+"""Dropout (§5.4) from 32-bit random bits: JAX's, or the same bits as elementwise code.
 
-``jax.random.bits`` on CPU runs the threefry2x32 hash as a loop of five rounds over the
-whole array (JAX lowers it rolled there), then the mask is a second pass: 1.7 ms for a
-``[1024, 512]`` dropout, most of it the random bits. :func:`random_bits` writes the same
-hash as plain integer arithmetic, which XLA fuses with the comparison and the scaling:
-0.36 ms, and the same bits as ``jax.random.bits`` (a test checks equality).
+An element is kept where its bits are below ``round((1 - rate) * 2^32)``. The ``xla``
+kernel set draws the bits with ``jax.random.bits``; the ``cpu`` set with
+:func:`random_bits`, the threefry hash written as plain integer arithmetic that XLA fuses
+with the comparison and the scaling (XLA:CPU runs ``jax.random.bits`` as a loop over the
+whole array, then the mask as a second pass). Both give the same masks.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -41,7 +40,7 @@ def threefry2x32(key: tuple[Array, Array], x: tuple[Array, Array]) -> tuple[Arra
 
 
 def random_bits(rng: Array, shape: tuple[int, ...]) -> Array:
-    """``jax.random.bits(rng, shape, jnp.uint32)`` for a threefry key, in one fused pass.
+    """``jax.random.bits(rng, shape, jnp.uint32)`` for a threefry key, as elementwise code.
 
     With JAX's default ``jax_threefry_partitionable``, element ``i`` (row-major) is the
     two output words of threefry2x32 on the counter ``(0, i)``, xor-ed. Other key
@@ -60,29 +59,32 @@ def random_bits(rng: Array, shape: tuple[int, ...]) -> Array:
     return hi ^ lo
 
 
-def keep_mask(rng: Array, rate: float, shape: tuple[int, ...]) -> tuple[Array, float]:
+Bits = Callable[[Array, tuple[int, ...]], Array]
+
+
+def jax_bits(rng: Array, shape: tuple[int, ...]) -> Array:
+    """``jax.random.bits(rng, shape, jnp.uint32)``."""
+    return jax.random.bits(rng, shape, jnp.uint32)
+
+
+def keep_mask(
+    rng: Array, rate: float, shape: tuple[int, ...], bits: Bits = jax_bits
+) -> tuple[Array, float]:
     """Boolean ``shape`` mask, each entry True with probability ``keep``; returns
     ``(mask, keep)``: ``keep = threshold / 2^32`` with ``threshold = round((1 - rate) *
     2^32)``, within 2^-33 of ``1 - rate`` (capped at ``2^32 - 1`` for rates below 2^-33)."""
     threshold = min(round((1.0 - rate) * 2**32), 2**32 - 1)
-    return random_bits(rng, shape) < np.uint32(threshold), threshold / 2**32
+    return bits(rng, shape) < np.uint32(threshold), threshold / 2**32
 
 
-def dropout(x: Array, rate: float, rng: Array) -> Array:
+def dropout(x: Array, rate: float, rng: Array, bits: Bits = jax_bits) -> Array:
     """Zero each element with probability ``rate``; scale the rest by ``1 / keep``."""
-    mask, keep = keep_mask(rng, rate, x.shape)
+    mask, keep = keep_mask(rng, rate, x.shape, bits)
     if keep == 0.0:
         return jnp.zeros_like(x)
     return jnp.where(mask, x / jnp.asarray(keep, x.dtype), jnp.zeros((), x.dtype))
 
 
-class Dropout(nn.Module):
-    """:func:`dropout` with a key from the ``'dropout'`` RNG stream, like ``nn.Dropout``."""
-
-    rate: float
-
-    @nn.compact
-    def __call__(self, x: Array, deterministic: bool) -> Array:
-        if deterministic or self.rate == 0.0:
-            return x
-        return dropout(x, self.rate, self.make_rng("dropout"))
+def fused_dropout(x: Array, rate: float, rng: Array) -> Array:
+    """:func:`dropout` with the bits of :func:`random_bits`."""
+    return dropout(x, rate, rng, random_bits)

@@ -1,76 +1,50 @@
-"""Matrix products at a chosen operand precision (``TransformerConfig.matmul_precision``).
+"""Matrix products laid out for XLA:CPU's kernels (the ``cpu`` kernel set).
 
-``'float32'`` is the paper's arithmetic. ``'bfloat16'`` rounds both operands of every
-product to bfloat16 and accumulates and returns float32, in the forward pass and in both
-products of its derivative; everything between the products (softmax, LayerNorm, the
-loss, the Adam update, the parameters) stays float32. It is the arithmetic of a TPU's
-default matmul precision and of PyTorch's ``fp32_precision = "bf16"`` for oneDNN; on CPUs
-with AMX (or AVX512-BF16) XLA runs these products several times faster.
+XLA's CPU backend runs a bfloat16 product with its bfloat16 (AMX / AVX512-BF16) kernels
+only when the left operand is stored as ``[batch, m, k]`` and the right one as
+``[batch, k, n]`` or ``[batch, n, k]``; any other layout it computes in float32. It folds a
+plain transpose into the product that reads it, copies a kernel transposed for the
+gradient of a layer to or from heads, and runs independent products at the same time on
+every core. :func:`product`, :func:`flat_dot_general` and :func:`tied_logits` shape the
+model's products around those rules; the values are the plain products'.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-import string
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
+from transformer_jax.kernels import precision as arithmetic
+
 Array = jax.Array
-
-MATMUL_PRECISIONS = ("float32", "bfloat16")
-
-
-def einsum(
-    spec: str,
-    a: Array,
-    b: Array,
-    precision: str = "float32",
-    preferred_element_type: Any = None,
-) -> Array:
-    """``jnp.einsum(spec, a, b)`` whose operands are rounded to ``precision``.
-
-    Differentiable: for C = A B and a cotangent G, dA = G B^T and dB = A^T G are
-    computed at the same precision (einsums over the same index letters). ``spec``
-    names two operands and every index appears in exactly two of (a, b, output): a
-    product, not a trace or a sum. The result has ``preferred_element_type`` if given,
-    else the operands' common dtype; bfloat16 products accumulate in float32.
-    """
-    if precision not in MATMUL_PRECISIONS:
-        raise ValueError(f"matmul_precision must be one of {MATMUL_PRECISIONS}, got {precision!r}")
-    if precision == "float32":
-        return jnp.einsum(spec, a, b, preferred_element_type=preferred_element_type)
-    out_dtype = preferred_element_type or jnp.result_type(a, b)
-    dtypes = (jnp.dtype(a.dtype), jnp.dtype(b.dtype), jnp.dtype(out_dtype))
-    return _rounded_einsum(spec, dtypes, a, b)
 
 
 def product(spec: str, a: Array, b: Array, precision: str) -> Array:
-    """The product alone (no custom derivative), for use inside derivatives.
+    """``einsum(spec, a, b)`` at ``precision`` without custom derivative.
 
-    ``'float32'``: formed in the operands' order and then transposed to ``spec``'s output
-    (``jnp.einsum`` would swap the operands instead, and XLA's CPU backend then copies the
-    wider one transposed: for the tied embedding's gradient, the ``[tokens, vocab]`` one).
+    ``'float32'`` / ``'tf32'``: formed in the operands' order and then transposed to
+    ``spec``'s output (``jnp.einsum`` would swap the operands instead, and XLA's CPU
+    backend then copies the wider one transposed: for the tied embedding's gradient, the
+    ``[tokens, vocab]`` one).
 
-    ``'bfloat16'``: operands rounded to bfloat16, accumulated and returned in float32.
-    XLA's CPU backend runs a bfloat16 product with its bfloat16 (AMX) kernels only when
-    the left operand is stored as ``[batch, m, k]`` and the right one as ``[batch, k, n]``
-    or ``[batch, n, k]``; any other layout, a transpose it folds into the product
-    included, it runs in float32, ~4x slower. So on CPU the operands are first laid out
-    that way (:func:`_laid_out`), as ``A B`` or as ``(B^T A^T)^T`` with either right
-    layout, whichever copies fewest elements, and each group of indices (batch, free,
-    contracted) is merged into one dimension.
+    ``'bfloat16'``: operands rounded to bfloat16, accumulated and returned in float32,
+    first laid out for the bfloat16 kernels (:func:`_laid_out`) as ``A B`` or as
+    ``(B^T A^T)^T`` with either right layout, whichever copies fewest elements, and each
+    group of indices (batch, free, contracted) merged into one dimension.
     """
-    sa, sb, out = _operands(_explicit(spec, a.ndim, b.ndim))
-    if precision == "float32":
+    sa, sb, out = arithmetic.operands(arithmetic.explicit(spec, a.ndim, b.ndim))
+    if precision != "bfloat16":
         batch, _, free_a, free_b = _indices(sa, sb, out)
         natural = "".join(batch + free_a + free_b)
-        return jnp.einsum(f"{natural}->{out}", jnp.einsum(f"{sa},{sb}->{natural}", a, b))
+        ab = jnp.einsum(
+            f"{sa},{sb}->{natural}", a, b, precision=arithmetic.lax_precision(precision)
+        )
+        return jnp.einsum(f"{natural}->{out}", ab)
     a, b = a.astype(jnp.bfloat16), b.astype(jnp.bfloat16)
-    if jax.default_backend() != "cpu":
-        return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
     size = dict(zip(sa, a.shape, strict=True)) | dict(zip(sb, b.shape, strict=True))
     count = lambda idx: math.prod(size[c] for c in idx)  # noqa: E731
 
@@ -117,23 +91,19 @@ def _indices(sa: str, sb: str, out: str) -> tuple[list[str], list[str], list[str
 
 
 def transposed(x: Array) -> Array:
-    """The matrix ``x^T``, copied: XLA does not fold this transpose into the product
-    that made ``x`` (see :func:`_laid_out`). Where ``x`` is a bfloat16 product's float32
-    result, ``x.T`` fails at run time on XLA:CPU (jaxlib 0.10.2: "Unsupported element
-    type for DotThunk::Execute: BF16 x BF16 = F32")."""
+    """The matrix ``x^T``, copied, so that XLA does not fold the transpose into the
+    product that made ``x`` (a folded one XLA:CPU cannot run on a bfloat16 product)."""
     return _laid_out(x, "ab", ["b", "a"])
 
 
 def _laid_out(x: Array, now: str, wanted: list[str]) -> Array:
     """``x`` (indexed by the letters ``now``) transposed to ``wanted`` and stored so.
 
-    XLA folds a plain transpose into the product that reads it (and then runs that
-    product in float32 on CPU). It keeps a blocked transpose in two passes: the input
-    axis that becomes the innermost one is cut into tiles of at most 128; pass one
-    transposes within each tile (its reads stay in as many cache lines as a tile is
-    long), pass two moves the tiles' contiguous rows into place. For the ``[32000, 512]``
-    embedding, in bfloat16: 14.7 ms, where the transposed halves of ``x`` joined (the
-    fallback when no tile divides the axis) took 80 ms.
+    XLA folds a plain transpose into the product that reads it. It keeps a blocked
+    transpose in two passes (separated by an optimization barrier): the input axis that
+    becomes the innermost one is cut into tiles of at most 128; pass one transposes within
+    each tile, so that its reads stay in as many cache lines as a tile is long, pass two
+    moves the tiles' contiguous rows into place.
     """
     perm = [now.index(c) for c in wanted]
     if perm == list(range(x.ndim)):
@@ -158,64 +128,17 @@ def _laid_out(x: Array, now: str, wanted: list[str]) -> Array:
     return jnp.transpose(tiles, order).reshape([x.shape[p] for p in perm])
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _rounded_einsum(spec: str, dtypes: tuple, a: Array, b: Array) -> Array:
-    return product(spec, a, b, "bfloat16").astype(dtypes[2])
-
-
-def _rounded_einsum_fwd(spec: str, dtypes: tuple, a: Array, b: Array) -> tuple[Array, tuple]:
-    a16, b16 = a.astype(jnp.bfloat16), b.astype(jnp.bfloat16)  # saved at half the size
-    return product(spec, a16, b16, "bfloat16").astype(dtypes[2]), (a16, b16)
-
-
-def _rounded_einsum_bwd(spec: str, dtypes: tuple, residuals: tuple, g: Array) -> tuple:
-    a16, b16 = residuals
-    sa, sb, out = _operands(spec)
-    grad_a = product(f"{out},{sb}->{sa}", g, b16, "bfloat16")  # G B^T
-    grad_b = product(f"{sa},{out}->{sb}", a16, g, "bfloat16")  # A^T G
-    return grad_a.astype(dtypes[0]), grad_b.astype(dtypes[1])
-
-
-_rounded_einsum.defvjp(_rounded_einsum_fwd, _rounded_einsum_bwd)
-
-
 def after(x: Array, y: Array) -> Array:
     """``x``, made to depend on ``y``, so that XLA computes what reads it after ``y``.
 
-    XLA's CPU backend runs independent products at the same time, each on every core. The
-    tied logits' two gradient products, which both read the ``[tokens, vocab]`` gradient,
-    each took 3-4x as long that way as alone (bfloat16 ``base``: 95 and 88 ms against 32
-    and 22; the step 1.04x faster in order). Adds ``0 * y[0]`` to ``x`` (XLA
-    does not fold a float multiplication by zero): ``x`` is unchanged unless ``y[0]`` is
-    not finite, and then the gradient ``y`` belongs to is not finite either.
+    XLA's CPU backend runs independent products at the same time, each on every core, and
+    two products reading the same large operand then contend for memory. Adds ``0 * y[0]``
+    to ``x`` (XLA does not fold a float multiplication by zero): ``x`` is unchanged unless
+    ``y[0]`` is not finite, and then the gradient ``y`` belongs to is not finite either.
     """
     if y.size == 0:
         return x
     return x + jnp.zeros((), x.dtype) * y.reshape(-1)[0].astype(x.dtype)
-
-
-def _explicit(spec: str, a_ndim: int, b_ndim: int) -> str:
-    """``spec`` with ``...`` replaced by letters it does not use, as many as it stands for."""
-    if "..." not in spec:
-        return spec
-    sa, sb, out = _operands(spec)
-    stands_for = {s: ndim - len(s) + 3 for s, ndim in ((sa, a_ndim), (sb, b_ndim)) if "..." in s}
-    n = max(stands_for.values())
-    spare = "".join(c for c in string.ascii_letters if c not in spec)[:n]
-    fill = lambda s: s.replace("...", spare[n - stands_for.get(s, 0) :])  # noqa: E731
-    return f"{fill(sa)},{fill(sb)}->{out.replace('...', spare)}"
-
-
-def _operands(spec: str) -> tuple[str, str, str]:
-    """``'ab,bc->ac'`` -> ``('ab', 'bc', 'ac')``."""
-    inputs, out = spec.split("->")
-    sa, sb = inputs.split(",")
-    return sa, sb, out
-
-
-def dot_general(precision: str) -> Any:
-    """The ``dot_general`` for Flax's ``Dense(dot_general=...)`` layers at ``precision``."""
-    return flat_dot_general if precision == "float32" else rounded_dot_general
 
 
 def flat_dot_general(lhs: Array, rhs: Array, dimension_numbers: Any, **kwargs: Any) -> Array:
@@ -245,22 +168,50 @@ def flat_dot_general(lhs: Array, rhs: Array, dimension_numbers: Any, **kwargs: A
     return y.reshape(free_l + free_r)
 
 
-def rounded_dot_general(lhs: Array, rhs: Array, dimension_numbers: Any, **_: Any) -> Array:
-    """``lax.dot_general`` at bfloat16 operand precision (differentiable, as :func:`einsum`)."""
-    return einsum(_spec(lhs.ndim, rhs.ndim, dimension_numbers), lhs, rhs, "bfloat16")
+def dot_general(precision: str) -> Any:
+    """The ``dot_general`` for Flax's ``Dense(dot_general=...)`` layers at ``precision``."""
+    if precision == "bfloat16":
+        return arithmetic.dot_general(precision, product)
+    arithmetic.check(precision)
+    return functools.partial(_flat_at, arithmetic.lax_precision(precision))
 
 
-def _spec(lhs_ndim: int, rhs_ndim: int, dimension_numbers: Any) -> str:
-    """The einsum spec of a ``dot_general``: batch dims, then lhs free, then rhs free."""
-    (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = dimension_numbers
-    letters = iter(string.ascii_letters)
-    lhs = [next(letters) for _ in range(lhs_ndim)]
-    rhs = [next(letters) for _ in range(rhs_ndim)]
-    pairs = zip((*lhs_contract, *lhs_batch), (*rhs_contract, *rhs_batch), strict=True)
-    for i, j in pairs:  # contracted and batch dimensions share a letter
-        rhs[j] = lhs[i]
-    shared = set(lhs_contract) | set(lhs_batch)
-    out = [lhs[i] for i in lhs_batch]
-    out += [c for i, c in enumerate(lhs) if i not in shared]
-    out += [c for j, c in enumerate(rhs) if j not in set(rhs_contract) | set(rhs_batch)]
-    return f"{''.join(lhs)},{''.join(rhs)}->{''.join(out)}"
+def _flat_at(lax_precision: Any, lhs: Array, rhs: Array, dimension_numbers: Any, **kwargs: Any):
+    """:func:`flat_dot_general` at ``lax_precision`` (a layer's own ``precision`` ignored)."""
+    kwargs["precision"] = lax_precision
+    return flat_dot_general(lhs, rhs, dimension_numbers, **kwargs)
+
+
+def einsum(
+    spec: str, a: Array, b: Array, precision: str = "float32", preferred_element_type: Any = None
+) -> Array:
+    """:func:`transformer_jax.kernels.precision.einsum`, bfloat16 products laid out."""
+    made_by = product if precision == "bfloat16" else arithmetic.plain_product
+    return arithmetic.einsum(spec, a, b, precision, preferred_element_type, made_by)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def tied_logits(x: Array, embedding: Array, precision: str = "float32") -> Array:
+    """``x E^T``: ``[..., d_model] x [vocab, d_model] -> [..., vocab]``.
+
+    Its derivative forms the embedding's gradient as ``(x^T g)^T``, a blocked transpose of
+    the ``[d_model, vocab]`` product, where autodiff would transpose the ``[tokens, vocab]``
+    logit gradient, and it forms that product after the input's (:func:`after`).
+    """
+    return product("...d,vd->...v", x, embedding, precision).astype(x.dtype)
+
+
+def _tied_logits_fwd(x: Array, embedding: Array, precision: str) -> tuple[Array, tuple]:
+    return tied_logits(x, embedding, precision), (x, embedding)
+
+
+def _tied_logits_bwd(precision: str, residuals: tuple[Array, Array], g: Array) -> tuple:
+    x, embedding = residuals
+    if precision == "bfloat16":
+        g = g.astype(jnp.bfloat16)  # rounded once for both products
+    grad_x = product("...v,vd->...d", g, embedding, precision)
+    grad_embedding = product("...d,...v->dv", after(x, grad_x), g, precision)
+    return grad_x.astype(x.dtype), transposed(grad_embedding).astype(embedding.dtype)
+
+
+tied_logits.defvjp(_tied_logits_fwd, _tied_logits_bwd)

@@ -14,8 +14,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer_jax.kernels import matmul
-from transformer_jax.kernels.dropout import dropout
+from transformer_jax import kernels as _kernels
 
 Array = jax.Array
 
@@ -59,14 +58,17 @@ def attention_weights(
     k: Array,
     mask: Array | None = None,
     matmul_precision: str = "float32",
+    kernels: str = "xla",
 ) -> Array:
     """softmax(Q K^T / sqrt(d_k)) as float32 ``[batch, heads, q_len, kv_len]`` (Eq. 1).
 
     Masked positions get weight 0; a query whose keys are all masked gets an
-    all-zero row (never NaN). ``matmul_precision``: see :mod:`transformer_jax.kernels.matmul`.
+    all-zero row (never NaN). ``matmul_precision``: see
+    :mod:`transformer_jax.kernels.precision`; ``kernels``: the kernel set.
     """
     scale = q.shape[-1] ** -0.5
-    scores = matmul.einsum(
+    ops = _kernels.ops(kernels)
+    scores = ops.einsum(
         "bqhd,bkhd->bhqk", q, k, matmul_precision, preferred_element_type=jnp.float32
     )
     scores = scores * scale
@@ -82,12 +84,14 @@ def scaled_dot_product_attention(
     v: Array,
     mask: Array | None = None,
     *,
+    is_causal: bool = False,
     impl: str = "reference",
     dropout_rate: float = 0.0,
     dropout_rng: Array | None = None,
     deterministic: bool = True,
     return_weights: bool = False,
     matmul_precision: str = "float32",
+    kernels: str = "xla",
 ) -> Array | tuple[Array, Array]:
     """Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V (paper Eq. 1).
 
@@ -96,14 +100,19 @@ def scaled_dot_product_attention(
         v: ``[batch, kv_len, heads, d_v]``.
       mask: boolean, ``True`` = may attend, broadcastable to
         ``[batch, heads, q_len, kv_len]``.
+      is_causal: query i also sees only keys j <= i (§3.2.3), on top of ``mask``.
       impl: ``"reference"`` (explicit weights, the paper's equation), ``"fused"``
         (:func:`jax.nn.dot_product_attention`, XLA's implementation) or ``"cudnn"`` (the
-        same with ``implementation="cudnn"``: cuDNN flash attention; GPU and
-        float16/bfloat16 inputs only).
+        same with ``implementation="cudnn"``: cuDNN flash attention, for CUDA GPUs, with
+        float16/bfloat16 inputs or ``matmul_precision='bfloat16'``). cuDNN takes a key
+        mask ``[batch, 1, 1, kv_len]`` as key lengths, the form it handles natively: such
+        a mask must be True on a prefix of the keys (right-padded sequences, as batching
+        makes them); other masks become a dense bias.
       dropout_rate: dropout on the attention weights (reference only).
       return_weights: also return the float32 weights (reference only).
-      matmul_precision: operand precision of the reference path's two products
-        (:mod:`transformer_jax.kernels.matmul`); the fused paths compute in the inputs' dtype.
+      matmul_precision: operand precision of the products
+        (:mod:`transformer_jax.kernels.precision`).
+      kernels: the kernel set of the reference path's products and dropout.
 
     Returns:
       ``[batch, q_len, heads, d_v]`` in ``v.dtype`` (and the weights if asked).
@@ -128,63 +137,77 @@ def scaled_dot_product_attention(
                 f"impl={impl!r} supports neither attention dropout nor returning "
                 "weights; use impl='reference'"
             )
-        if impl == "cudnn" and (
-            jax.default_backend() != "gpu" or q.dtype not in (jnp.float16, jnp.bfloat16)
-        ):
+        if impl == "cudnn" and matmul_precision != "bfloat16" and q.dtype == jnp.float32:
             raise ValueError(
-                "impl='cudnn' needs a GPU backend and float16/bfloat16 inputs; got backend "
-                f"{jax.default_backend()!r} and dtype {q.dtype} (use impl='fused' elsewhere)"
+                "impl='cudnn' needs float16/bfloat16 inputs or matmul_precision='bfloat16'; "
+                f"got dtype {q.dtype} (use impl='fused' for float32)"
             )
-        return _fused_attention(q, k, v, mask, "cudnn" if impl == "cudnn" else None)
+        return _fused_attention(q, k, v, mask, is_causal, impl, matmul_precision)
 
-    weights = attention_weights(q, k, mask, matmul_precision)
+    if is_causal:
+        mask = combine_masks(mask, causal_mask(q.shape[1]))
+    weights = attention_weights(q, k, mask, matmul_precision, kernels)
     if use_dropout:
         if dropout_rng is None:
             raise ValueError("dropout_rng is required when dropout_rate > 0 and not deterministic")
-        weights_dropped = dropout(weights, dropout_rate, dropout_rng)
+        weights_dropped = _kernels.ops(kernels).dropout(weights, dropout_rate, dropout_rng)
     else:
         weights_dropped = weights
-    out = matmul.einsum("bhqk,bkhd->bqhd", weights_dropped.astype(v.dtype), v, matmul_precision)
+    out = _kernels.ops(kernels).einsum(
+        "bhqk,bkhd->bqhd", weights_dropped.astype(v.dtype), v, matmul_precision
+    )
     return (out, weights) if return_weights else out
 
 
 def _fused_attention(
-    q: Array, k: Array, v: Array, mask: Array | None, implementation: str | None
+    q: Array,
+    k: Array,
+    v: Array,
+    mask: Array | None,
+    is_causal: bool,
+    impl: str,
+    matmul_precision: str,
 ) -> Array:
     """:func:`jax.nn.dot_product_attention`, with fully-masked query rows set to zero.
 
     It needs d_k == d_v, so the narrower of (q, k) and v is zero-padded: exact, since
-    zero columns change neither Q K^T nor the kept output columns.
+    zero columns change neither Q K^T nor the kept output columns. cuDNN gets a key mask
+    as key lengths (no dense bias).
     """
-    d_k, d_v = q.shape[-1], v.shape[-1]
+    b, q_len, h, d_k = q.shape
+    kv_len, d_v = k.shape[1], v.shape[-1]
     width = max(d_k, d_v)
-    widen = lambda x: jnp.pad(x, ((0, 0),) * 3 + ((0, width - x.shape[-1]),))  # noqa: E731
-    if mask is not None:
-        b, q_len, h, _ = q.shape
-        mask = jnp.broadcast_to(mask, (b, h, q_len, k.shape[1]))
-    out = jax.nn.dot_product_attention(
-        widen(q), widen(k), widen(v), mask=mask, scale=d_k**-0.5, implementation=implementation
-    )[..., :d_v]
-    if mask is None:
-        return out
-    any_key = jnp.transpose(jnp.any(mask, axis=-1), (0, 2, 1))[..., None]  # [b, q, h, 1]
-    return jnp.where(any_key, out, 0).astype(v.dtype)
+    operand = jnp.bfloat16 if matmul_precision == "bfloat16" else None
+    widen = lambda x: jnp.pad(  # noqa: E731
+        x.astype(operand or x.dtype), ((0, 0),) * 3 + ((0, width - x.shape[-1]),)
+    )
+    lengths, any_key = None, None
+    if mask is not None and impl == "cudnn" and mask.shape[1:3] == (1, 1):
+        keys = jnp.broadcast_to(mask[:, 0, 0, :], (b, kv_len))
+        lengths = jnp.sum(keys, axis=-1, dtype=jnp.int32)
+        mask, any_key = None, (lengths > 0)[:, None, None, None]
+    elif mask is not None:
+        mask = jnp.broadcast_to(mask, (b, h, q_len, kv_len))
+        seen = combine_masks(mask, causal_mask(q_len) if is_causal else None)
+        any_key = jnp.transpose(jnp.any(seen, axis=-1), (0, 2, 1))[..., None]  # [b, q, h, 1]
+    products = "highest" if matmul_precision == "float32" else "default"
+    with jax.default_matmul_precision(products):  # the XLA implementation's einsums
+        out = jax.nn.dot_product_attention(
+            widen(q),
+            widen(k),
+            widen(v),
+            mask=mask,
+            scale=d_k**-0.5,
+            is_causal=is_causal,
+            key_value_seq_lengths=lengths,
+            implementation="cudnn" if impl == "cudnn" else None,
+        )[..., :d_v]
+    if any_key is not None:
+        out = jnp.where(any_key, out, 0)
+    return out.astype(v.dtype)
 
 
 # ------------------------------------------------------------- multi-head attention
-def position_wise(layer: Callable[[Array], Array], x: Array, feature_axes: int = 1) -> Array:
-    """``layer(x)`` computed on ``x`` flattened to ``[positions, *features]`` (§3.3).
-
-    Position-wise layers treat every position alike, so this equals ``layer(x)``; XLA's
-    CPU backend runs the flattened form as plain matrix products, where on
-    ``[batch, length, ...]`` inputs it emitted batched products and layout copies (the
-    training step is ~1.1x faster; ``benchmarks/train_throughput.py``).
-    """
-    lead = x.shape[: x.ndim - feature_axes]
-    y = layer(x.reshape((-1,) + x.shape[x.ndim - feature_axes :]))
-    return y.reshape(lead + y.shape[1:])
-
-
 class MultiHeadAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O (paper §3.2.2).
 
@@ -193,9 +216,11 @@ class MultiHeadAttention(nn.Module):
     ``qk_dim`` (d_k) and ``v_dim`` (d_v) are per head and may differ from
     each other and from ``d_model / num_heads`` (Table 3, rows A and B).
 
-    With ``decode=True`` it is the incremental decoder's self-attention: each call takes
-    one new position, appends its key and value to a ``cache`` collection sized at
-    initialisation, and attends over the positions written so far.
+    ``causal=True`` is the decoder's masked self-attention (§3.2.3). With ``decode=True``
+    it is the incremental decoder's self-attention: each call takes one new position,
+    appends its key and value to a ``cache`` collection sized at initialisation, and
+    attends over the positions written so far. ``kernels``: the kernel set
+    (:mod:`transformer_jax.kernels`).
     """
 
     num_heads: int
@@ -209,6 +234,8 @@ class MultiHeadAttention(nn.Module):
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
     matmul_precision: str = "float32"
+    causal: bool = False
+    kernels: str = "xla"
     kernel_init: Callable = nn.initializers.xavier_uniform()
 
     @nn.compact
@@ -221,18 +248,19 @@ class MultiHeadAttention(nn.Module):
     ) -> Array:
         """Self-attention when ``inputs_kv`` is None, else attention from q onto kv."""
         inputs_kv = inputs_q if inputs_kv is None else inputs_kv
+        ops = _kernels.ops(self.kernels)
         proj = lambda name, dim: nn.DenseGeneral(  # noqa: E731
             features=(self.num_heads, dim),
             use_bias=False,
             dtype=self.dtype,
             param_dtype=self.param_dtype,
             kernel_init=self.kernel_init,
-            dot_general=matmul.dot_general(self.matmul_precision),
+            dot_general=ops.dot_general(self.matmul_precision),
             name=name,
         )
-        q = position_wise(proj("query", self.qk_dim), inputs_q)
-        k = position_wise(proj("key", self.qk_dim), inputs_kv)
-        v = position_wise(proj("value", self.v_dim), inputs_kv)
+        q = proj("query", self.qk_dim)(inputs_q)
+        k = proj("key", self.qk_dim)(inputs_kv)
+        v = proj("value", self.v_dim)(inputs_kv)
 
         if self.decode:
             k, v, mask = self._update_cache(k, v, mask)
@@ -245,12 +273,14 @@ class MultiHeadAttention(nn.Module):
             k,
             v,
             mask,
+            is_causal=self.causal and not self.decode,
             impl=self.impl,
             dropout_rate=self.dropout_rate,
             dropout_rng=dropout_rng,
             deterministic=deterministic,
             return_weights=self.sow_weights,
             matmul_precision=self.matmul_precision,
+            kernels=self.kernels,
         )
         if self.sow_weights:
             result, weights = result
@@ -263,10 +293,10 @@ class MultiHeadAttention(nn.Module):
             dtype=self.dtype,
             param_dtype=self.param_dtype,
             kernel_init=self.kernel_init,
-            dot_general=matmul.dot_general(self.matmul_precision),
+            dot_general=ops.dot_general(self.matmul_precision),
             name="out",
         )
-        return position_wise(out, result, feature_axes=2)
+        return out(result)
 
     def _update_cache(self, k: Array, v: Array, mask: Array | None) -> tuple[Array, Array, Array]:
         """Write this step's key/value at ``cache_index`` and mask out unwritten slots."""

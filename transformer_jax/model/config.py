@@ -5,9 +5,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 
-from transformer_jax.kernels.matmul import MATMUL_PRECISIONS
+from transformer_jax.kernels import CUDA_PLATFORMS, KERNELS, PLATFORMS, resolve
+from transformer_jax.kernels.precision import MATMUL_PRECISIONS
 from transformer_jax.model.attention import ATTENTION_IMPLS
 
 NORMS = ("post", "pre")
@@ -25,9 +27,15 @@ class TransformerConfig:
     weights (§3.4). Deviations used by later work are switches: ``norm='pre'``,
     ``positional='learned'``, ``attention_impl='fused'`` (``'cudnn'`` on GPU),
     ``dtype=bfloat16`` (or only the matrix products' operands: ``matmul_precision``,
-    :mod:`transformer_jax.kernels.matmul`); ``scan_layers=True`` compiles each stack's layer
-    once (its parameters are then stacked under ``layers`` instead of ``layer_0`` ...
+    :mod:`transformer_jax.kernels.precision`); ``scan_layers=True`` compiles each stack's
+    layer once (its parameters are then stacked under ``layers`` instead of ``layer_0`` ...
     ``layer_{N-1}``).
+
+    ``platform`` is the platform the program is for ('auto': JAX's default backend;
+    :func:`from_config_dict`, the training and command entry points, pin it once, and a
+    program lowered for another platform sets it); ``kernels`` picks the kernel set
+    (:mod:`transformer_jax.kernels`): 'auto' is 'cpu' on the CPU platform and 'xla'
+    elsewhere, the same values either way.
     Variants are made with ``config.replace(decode=True)``.
     """
 
@@ -51,11 +59,13 @@ class TransformerConfig:
     pad_id: int = 0
     dtype: Any = jnp.float32  # compute dtype; softmax, LayerNorm stats and loss stay float32
     param_dtype: Any = jnp.float32
-    matmul_precision: str = "float32"  # 'bfloat16': products of bfloat16-rounded operands
+    matmul_precision: str = "float32"  # 'float32' (paper) | 'tf32' | 'bfloat16' operands
     attention_impl: str = "reference"
     decode: bool = False  # incremental decoding over the KV cache
     sow_attention_weights: bool = False  # store weights in the 'intermediates' collection
     scan_layers: bool = False  # nn.scan over each stack: compile one layer, params stacked
+    kernels: str = "auto"  # 'auto' | 'xla' | 'cpu' (transformer_jax.kernels)
+    platform: str = "auto"  # the target: 'cpu' | 'gpu' | 'cuda' | 'rocm' | 'tpu'
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "num_heads", "d_ff", "max_len"):
@@ -79,6 +89,20 @@ class TransformerConfig:
         _choice("positional", self.positional, POSITIONALS)
         _choice("attention_impl", self.attention_impl, ATTENTION_IMPLS)
         _choice("matmul_precision", self.matmul_precision, MATMUL_PRECISIONS)
+        _choice("kernels", self.kernels, KERNELS)
+        _choice("platform", self.platform, PLATFORMS)
+        if self.attention_impl == "cudnn":
+            if self.platform not in (*CUDA_PLATFORMS, "auto"):
+                raise ValueError(
+                    f"attention_impl='cudnn' needs platform 'gpu' or 'cuda', got "
+                    f"{self.platform!r} (use attention_impl='fused' elsewhere)"
+                )
+            half = jnp.dtype(self.dtype) in (jnp.bfloat16, jnp.float16)
+            if not (half or self.matmul_precision == "bfloat16"):
+                raise ValueError(
+                    "attention_impl='cudnn' needs dtype bfloat16 or float16 (or "
+                    f"matmul_precision='bfloat16'), got dtype {jnp.dtype(self.dtype).name}"
+                )
         if self.attention_impl != "reference" and (
             self.attention_dropout_rate > 0 or self.sow_attention_weights
         ):
@@ -101,6 +125,16 @@ class TransformerConfig:
     @property
     def tgt_vocab(self) -> int:
         return self.tgt_vocab_size or self.vocab_size
+
+    @property
+    def target_platform(self) -> str:
+        """``platform``, or JAX's default backend where it is 'auto'."""
+        return jax.default_backend() if self.platform == "auto" else self.platform
+
+    @property
+    def kernel_set(self) -> str:
+        """The kernel set the model runs with: 'xla' or 'cpu'."""
+        return resolve(self.kernels, self.target_platform)
 
     @property
     def head_qk_dim(self) -> int:
@@ -138,7 +172,8 @@ def to_dtype(name: str | Any) -> Any:
 def from_config_dict(model: Any) -> TransformerConfig:
     """Build a ``TransformerConfig`` from the ``model`` part of an ml_collections config.
 
-    Unknown keys raise ``ValueError`` naming them and the allowed fields.
+    Unknown keys raise ``ValueError`` naming them and the allowed fields. ``platform``
+    'auto' becomes JAX's default backend here.
     """
     values = dict(model.to_dict() if hasattr(model, "to_dict") else model)
     fields = {f.name for f in dataclasses.fields(TransformerConfig)}
@@ -148,4 +183,6 @@ def from_config_dict(model: Any) -> TransformerConfig:
     for key in ("dtype", "param_dtype"):
         if key in values:
             values[key] = to_dtype(values[key])
+    if values.get("platform", "auto") == "auto":
+        values["platform"] = jax.default_backend()
     return TransformerConfig(**values)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import flax.linen as nn
@@ -10,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax.kernels import matmul
+from transformer_jax import kernels as _kernels
 
 Array = jax.Array
 
@@ -37,14 +36,16 @@ class Embed(nn.Module):
 
     Initialised N(0, d_model^-0.5) so that the scaled embedding has unit variance. The
     paper shares this matrix between both embedding layers and the pre-softmax linear
-    transformation; ``attend(x) = x E^T`` is that transformation.
+    transformation; ``attend(x) = x E^T`` is that transformation (its products at
+    ``matmul_precision``, from the kernel set ``kernels``: :mod:`transformer_jax.kernels`).
     """
 
     vocab_size: int
     d_model: int
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
-    matmul_precision: str = "float32"  # of attend's product (transformer_jax.kernels.matmul)
+    matmul_precision: str = "float32"
+    kernels: str = "xla"
 
     def setup(self) -> None:
         self.embedding = self.param(
@@ -60,39 +61,8 @@ class Embed(nn.Module):
 
     def attend(self, x: Array) -> Array:
         """Logits ``x E^T`` over the vocabulary."""
-        return tied_logits(x, jnp.asarray(self.embedding, self.dtype), self.matmul_precision)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def tied_logits(x: Array, embedding: Array, precision: str = "float32") -> Array:
-    """``x E^T``: ``[..., d_model] x [vocab, d_model] -> [..., vocab]``.
-
-    A custom VJP that forms the embedding's gradient as ``(x^T g)^T``, transposing the
-    ``[d_model, vocab]`` product; XLA's own derivative on CPU transposed the
-    ``[tokens, vocab]`` logit gradient instead, the costliest copy of a training step
-    (also at bfloat16: for ``base``, 49 ms with the product transposed, 63 ms with ``g``
-    transposed).
-    ``precision``: the products' operand precision (:mod:`transformer_jax.kernels.matmul`).
-    """
-    return matmul.product("...d,vd->...v", x, embedding, precision).astype(x.dtype)
-
-
-def _tied_logits_fwd(x: Array, embedding: Array, precision: str) -> tuple[Array, tuple]:
-    return tied_logits(x, embedding, precision), (x, embedding)
-
-
-def _tied_logits_bwd(precision: str, residuals: tuple[Array, Array], g: Array) -> tuple:
-    x, embedding = residuals
-    if precision == "bfloat16":
-        g = g.astype(jnp.bfloat16)  # rounded once for both products
-    grad_x = matmul.product("...v,vd->...d", g, embedding, precision)
-    # The second product after the first (matmul.after), through x: a dependency added to
-    # g took one more pass over [tokens, vocab] (1.01-1.02x this way).
-    grad_embedding = matmul.product("...d,...v->dv", matmul.after(x, grad_x), g, precision)
-    return grad_x.astype(x.dtype), matmul.transposed(grad_embedding).astype(embedding.dtype)
-
-
-tied_logits.defvjp(_tied_logits_fwd, _tied_logits_bwd)
+        table = jnp.asarray(self.embedding, self.dtype)
+        return _kernels.ops(self.kernels).tied_logits(x, table, self.matmul_precision)
 
 
 class AddPositions(nn.Module):

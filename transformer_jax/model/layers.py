@@ -14,9 +14,8 @@ from collections.abc import Callable
 import flax.linen as nn
 import jax
 
-from transformer_jax.kernels import matmul
-from transformer_jax.kernels.dropout import Dropout
-from transformer_jax.model.attention import MultiHeadAttention, position_wise
+from transformer_jax import kernels
+from transformer_jax.model.attention import MultiHeadAttention
 from transformer_jax.model.config import TransformerConfig
 
 Array = jax.Array
@@ -25,6 +24,20 @@ Array = jax.Array
 def layer_norm(config: TransformerConfig, name: str | None = None) -> nn.LayerNorm:
     """LayerNorm with float32 statistics whatever the compute dtype."""
     return nn.LayerNorm(epsilon=1e-6, dtype=config.dtype, param_dtype=config.param_dtype, name=name)
+
+
+class Dropout(nn.Module):
+    """Dropout (§5.4) with a key from the ``'dropout'`` RNG stream, like ``nn.Dropout``;
+    ``kernels``: the kernel set that draws the bits (:mod:`transformer_jax.kernels`)."""
+
+    rate: float
+    kernels: str = "xla"
+
+    @nn.compact
+    def __call__(self, x: Array, deterministic: bool) -> Array:
+        if deterministic or self.rate == 0.0:
+            return x
+        return kernels.ops(self.kernels).dropout(x, self.rate, self.make_rng("dropout"))
 
 
 class FeedForward(nn.Module):
@@ -40,14 +53,16 @@ class FeedForward(nn.Module):
             dtype=cfg.dtype,
             param_dtype=cfg.param_dtype,
             kernel_init=nn.initializers.xavier_uniform(),
-            dot_general=matmul.dot_general(cfg.matmul_precision),
+            dot_general=kernels.ops(cfg.kernel_set).dot_general(cfg.matmul_precision),
             name=name,
         )
         w1, w2 = dense(cfg.d_ff, "w1"), dense(x.shape[-1], "w2")
-        return position_wise(lambda h: w2(nn.relu(w1(h))), x)
+        return w2(nn.relu(w1(x)))
 
 
-def attention(config: TransformerConfig, *, decode: bool = False, name: str) -> MultiHeadAttention:
+def attention(
+    config: TransformerConfig, *, causal: bool = False, decode: bool = False, name: str
+) -> MultiHeadAttention:
     """The multi-head attention every layer uses, sized by ``config``."""
     return MultiHeadAttention(
         num_heads=config.num_heads,
@@ -60,6 +75,8 @@ def attention(config: TransformerConfig, *, decode: bool = False, name: str) -> 
         dtype=config.dtype,
         param_dtype=config.param_dtype,
         matmul_precision=config.matmul_precision,
+        causal=causal,
+        kernels=config.kernel_set,
         name=name,
     )
 
@@ -71,7 +88,7 @@ class SubLayer(nn.Module):
 
     @nn.compact
     def __call__(self, x: Array, sublayer: Callable[[Array], Array], deterministic: bool) -> Array:
-        dropout = Dropout(self.config.dropout_rate)
+        dropout = Dropout(self.config.dropout_rate, self.config.kernel_set)
         if self.config.norm == "pre":
             return x + dropout(sublayer(layer_norm(self.config)(x)), deterministic)
         return layer_norm(self.config)(x + dropout(sublayer(x), deterministic))
@@ -95,8 +112,10 @@ class EncoderLayer(nn.Module):
 class DecoderLayer(nn.Module):
     """Masked self-attention, encoder-decoder attention, feed-forward (§3.1).
 
-    With ``encoded=None`` the cross-attention sub-layer is absent (a decoder-only stack).
-    With ``config.decode`` the self-attention runs over its KV cache, one position a call.
+    ``self_mask`` is the target's padding (or segment) mask; the self-attention adds the
+    causal mask itself. With ``encoded=None`` the cross-attention sub-layer is absent (a
+    decoder-only stack). With ``config.decode`` the self-attention runs over its KV cache,
+    one position a call.
     """
 
     config: TransformerConfig
@@ -111,7 +130,7 @@ class DecoderLayer(nn.Module):
         deterministic: bool = True,
     ) -> Array:
         cfg = self.config
-        self_attention = attention(cfg, decode=cfg.decode, name="self_attention")
+        self_attention = attention(cfg, causal=True, decode=cfg.decode, name="self_attention")
         x = SubLayer(cfg, name="self_attention_block")(
             x,
             lambda h: self_attention(h, mask=self_mask, deterministic=deterministic),

@@ -15,12 +15,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer_jax.kernels import matmul
-from transformer_jax.kernels.dropout import Dropout
-from transformer_jax.model.attention import causal_mask, combine_masks, padding_mask, segment_mask
+from transformer_jax import kernels
+from transformer_jax.model.attention import padding_mask, segment_mask
 from transformer_jax.model.config import TransformerConfig, from_config_dict
 from transformer_jax.model.embeddings import AddPositions, Embed
-from transformer_jax.model.layers import DecoderLayer, EncoderLayer, layer_norm
+from transformer_jax.model.layers import DecoderLayer, Dropout, EncoderLayer, layer_norm
 
 Array = jax.Array
 
@@ -34,6 +33,7 @@ def _embed(config: TransformerConfig, vocab_size: int, name: str) -> Embed:
         config.dtype,
         config.param_dtype,
         config.matmul_precision,
+        config.kernel_set,
         name=name,
     )
 
@@ -67,7 +67,7 @@ class Encoder(nn.Module):
         x = AddPositions(
             cfg.max_len, cfg.positional, param_dtype=cfg.param_dtype, name="positions"
         )(embed(src), positions)
-        x = Dropout(cfg.dropout_rate)(x, deterministic)
+        x = Dropout(cfg.dropout_rate, cfg.kernel_set)(x, deterministic)
         mask = encoder_mask(src, cfg.pad_id, segments)
         x = layer_stack(
             cfg,
@@ -113,16 +113,14 @@ class Decoder(nn.Module):
             param_dtype=cfg.param_dtype,
             name="positions",
         )(embed(tgt_in), tgt_positions)
-        x = Dropout(cfg.dropout_rate)(x, deterministic)
+        x = Dropout(cfg.dropout_rate, cfg.kernel_set)(x, deterministic)
 
         if cfg.decode:  # the cache supplies causality; one real position per call
             self_mask = None
+        elif tgt_segments is None:
+            self_mask = padding_mask(tgt_in, cfg.pad_id)  # the layers add the causal mask
         else:
-            self_mask = combine_masks(
-                causal_mask(tgt_in.shape[1]),
-                padding_mask(tgt_in, cfg.pad_id) if tgt_segments is None else None,
-                segment_mask(tgt_segments, tgt_segments) if tgt_segments is not None else None,
-            )
+            self_mask = segment_mask(tgt_segments, tgt_segments)
         cross_mask = None
         if encoded is not None:
             if src is None:
@@ -148,7 +146,7 @@ class Decoder(nn.Module):
                 cfg.tgt_vocab,
                 dtype=cfg.dtype,
                 param_dtype=cfg.param_dtype,
-                dot_general=matmul.dot_general(cfg.matmul_precision),
+                dot_general=kernels.ops(cfg.kernel_set).dot_general(cfg.matmul_precision),
                 name="logits",
             )(x)
         return logits.astype(jnp.float32)
