@@ -1,26 +1,23 @@
-"""Greedy and beam search over the decoder's KV cache (paper §6.1).
+"""Decoding: the searches over any step function, and their use with the encoder-decoder
+Transformer (paper §6.1).
 
-The source is encoded once; the decoder then runs one position per step inside a
-jit-compiled :func:`jax.lax.while_loop`, reading and extending the MultiHeadAttention
-KV cache. The encoder-decoder keys/values depend only on the encoder output, which is
-loop-invariant: XLA hoists their projection out of the loop, so it runs once per call.
-The loop ends when every sentence has finished or the longest allowed output is reached.
+The generic searches (:mod:`transformer_jax.inference.search`) are re-exported here:
+:func:`greedy`, :func:`beam`, :func:`sample` over a step function ``(tokens, cache) ->
+(logits, cache)``, with :func:`cached_step` and :func:`init_cache` for a Flax module that
+keeps a KV cache (e.g. a decoder-only ``Decoder(config.replace(decode=True))``).
+
+For the Transformer, :func:`greedy_search`, :func:`beam_search` and
+:func:`temperature_sample` take ``(config, params, src)``: the source is encoded once,
+then the decoder runs one position per step over its KV cache inside one jit-compiled
+loop. The encoder-decoder keys and values depend only on the encoder output, which is
+loop-invariant: XLA computes their projections once per call, before the loop.
 
 Output length: a sentence of ``n`` source tokens (its EOS included, padding excluded) may
 produce at most ``n + max_extra_len`` tokens, the paper's "input length + 50"; a
 per-sentence limit, so a sentence decodes the same alone as inside a padded batch. An
 explicit ``max_len`` caps it further. Outputs are ``[batch, max_len]`` token ids after
-BOS, EOS included when produced, PAD after it. PAD is never predicted.
-
-Beam search follows the paper's (tensor2tensor's): beam size 4, length penalty
-``lp(Y) = ((5 + |Y|) / 6) ** alpha`` with alpha = 0.6 (Wu et al. 2016, Eq. 14), scores
-``log P(Y | X) / lp(Y)``, the 2k best extensions considered each step. Finished
-hypotheses are kept apart from the k live ones: a candidate among the k best that ends in
-EOS (or reaches the length limit) joins the k best finished (tensor2tensor admits EOS from
-all 2k; the k-best rule makes beam size 1 with alpha = 0 exactly greedy search); the k
-best candidates without EOS stay live. A sentence stops when no live hypothesis can still
-beat its k-th finished one (tensor2tensor's bound: log-probabilities only fall and lp
-is largest at the length limit).
+BOS, EOS included when produced, PAD after it. PAD is never predicted. Beam search uses
+beam size 4 and length penalty alpha 0.6 by default (the paper's).
 """
 
 from __future__ import annotations
@@ -31,17 +28,36 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from transformer_jax.data.tokenizer import BOS_ID, EOS_ID
+from transformer_jax.ids import BOS_ID, EOS_ID
+from transformer_jax.inference.search import (
+    StepFn,
+    beam,
+    cached_step,
+    gather_rows,
+    greedy,
+    init_cache,
+    length_penalty,
+    sample,
+)
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.transformer import Transformer
 
 Array = jax.Array
-NEG_INF = -jnp.inf
 
-
-def length_penalty(length: Array, alpha: float) -> Array:
-    """lp(Y) = ((5 + |Y|) / 6) ** alpha (Wu et al. 2016, Eq. 14)."""
-    return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
+__all__ = [
+    "StepFn",
+    "beam",
+    "beam_search",
+    "cached_step",
+    "gather_rows",
+    "greedy",
+    "greedy_search",
+    "init_cache",
+    "length_penalty",
+    "sample",
+    "temperature_sample",
+    "transformer_step",
+]
 
 
 def greedy_search(
@@ -51,15 +67,20 @@ def greedy_search(
     *,
     max_len: int | None = None,
     max_extra_len: int = 50,
+    min_len: int = 0,
     bos_id: int = BOS_ID,
-    eos_id: int = EOS_ID,
+    eos_id: int | None = EOS_ID,
 ) -> Array:
-    """Most probable next token at each step: int32 ``[batch, max_len]`` (see module doc).
+    """The most probable next token at each step: int32 ``[batch, max_len]``.
 
-    ``max_len`` defaults to ``src_len + max_extra_len`` (at most ``config.max_len``).
+    Args:
+      config, params: the Transformer; src: int ``[batch, src_len]`` source ids + EOS, PAD.
+      max_len: output width (default ``src_len + max_extra_len``, at most ``config.max_len``).
+      max_extra_len: each sentence's output limit is its source length + this.
+      min_len: tokens before EOS may end a sentence; eos_id: ``None`` ignores EOS.
     """
-    config, src, length = _check(config, src, max_len, max_extra_len, bos_id, eos_id)
-    return _greedy(params, src, config, length, max_extra_len, bos_id, eos_id)
+    config, src, max_len = _check(config, src, max_len, max_extra_len, min_len, bos_id, eos_id)
+    return _greedy(params, src, config, max_len, max_extra_len, min_len, bos_id, eos_id)
 
 
 def beam_search(
@@ -71,25 +92,81 @@ def beam_search(
     alpha: float = 0.6,
     max_len: int | None = None,
     max_extra_len: int = 50,
+    min_len: int = 0,
     bos_id: int = BOS_ID,
-    eos_id: int = EOS_ID,
+    eos_id: int | None = EOS_ID,
     return_all: bool = False,
 ) -> Array | tuple[Array, Array]:
-    """Beam search with length penalty (paper §6.1; see module doc).
+    """Beam search with length penalty (paper §6.1; :func:`beam`).
 
-    Returns the best finished hypothesis per sentence, int32 ``[batch, max_len]``; with
-    ``return_all`` the k best, ``([batch, k, max_len], scores [batch, k])``, best first
-    (a slot no hypothesis reached has score -inf and only PAD).
+    Arguments as :func:`greedy_search`, plus ``beam_size`` and ``alpha``. Returns the best
+    finished hypothesis per sentence, int32 ``[batch, max_len]``; with ``return_all`` the
+    k best, ``([batch, k, max_len], scores [batch, k])``, best first (a slot no hypothesis
+    reached has score -inf and only PAD).
     """
     if not isinstance(beam_size, int) or isinstance(beam_size, bool) or beam_size < 1:
         raise ValueError(f"beam_size must be a positive integer, got {beam_size!r}")
     if not isinstance(alpha, int | float) or isinstance(alpha, bool) or not alpha >= 0:
         raise ValueError(f"alpha must be a number >= 0, got {alpha!r}")
-    config, src, length = _check(config, src, max_len, max_extra_len, bos_id, eos_id)
-    tokens, scores = _beam(
-        params, src, config, length, max_extra_len, bos_id, eos_id, beam_size, float(alpha)
-    )
+    config, src, max_len = _check(config, src, max_len, max_extra_len, min_len, bos_id, eos_id)
+    settings = (max_len, max_extra_len, min_len, bos_id, eos_id, beam_size, float(alpha))
+    tokens, scores = _beam(params, src, config, *settings)
     return (tokens, scores) if return_all else tokens[:, 0]
+
+
+def temperature_sample(
+    config: TransformerConfig,
+    params: Any,
+    src: Array,
+    key: Array,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    max_len: int | None = None,
+    max_extra_len: int = 50,
+    min_len: int = 0,
+    bos_id: int = BOS_ID,
+    eos_id: int | None = EOS_ID,
+) -> Array:
+    """Translations sampled token by token from softmax(logits / temperature), among the
+    ``top_k`` most probable tokens when given (:func:`sample`); other arguments as
+    :func:`greedy_search`. Returns int32 ``[batch, max_len]``."""
+    if not isinstance(temperature, int | float) or not temperature > 0:
+        raise ValueError(f"temperature must be a number > 0, got {temperature!r}")
+    if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"top_k must be a positive integer or None, got {top_k!r}")
+    config, src, max_len = _check(config, src, max_len, max_extra_len, min_len, bos_id, eos_id)
+    settings = (max_len, max_extra_len, min_len, bos_id, eos_id, float(temperature), top_k)
+    return _sample(params, src, key, config, *settings)
+
+
+def transformer_step(
+    config: TransformerConfig, params: Any, src: Array, max_len: int, copies: int = 1
+) -> tuple[StepFn, Any]:
+    """The Transformer's step function over ``src`` and its empty cache.
+
+    Encodes ``src`` once; each row is repeated ``copies`` times (the beams of beam
+    search), and the cache holds ``max_len`` decoder positions.
+    """
+    model = Transformer(config.replace(decode=True, sow_attention_weights=False))
+    encoded = model.apply({"params": params}, src, method="encode")
+    encoded, src = jnp.repeat(encoded, copies, axis=0), jnp.repeat(src, copies, axis=0)
+    target = jnp.zeros((src.shape[0], max_len), jnp.int32)  # sizes the self-attention cache
+    shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), src, target)["cache"])
+    cache = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+    def step(tokens: Array, cache: Any) -> tuple[Array, Any]:
+        logits, state = model.apply(
+            {"params": params, "cache": cache},
+            encoded,
+            src,
+            tokens,
+            method="decode",
+            mutable=["cache"],
+        )
+        return logits, state["cache"]
+
+    return step, cache
 
 
 # ---------------------------------------------------------------------------- checks
@@ -98,8 +175,9 @@ def _check(
     src: Any,
     max_len: int | None,
     max_extra_len: int,
+    min_len: int,
     bos_id: int,
-    eos_id: int,
+    eos_id: int | None,
 ) -> tuple[TransformerConfig, Array, int]:
     """Validate arguments; return the config decoding is compiled for, src, output length."""
     src = jnp.asarray(src)
@@ -109,9 +187,11 @@ def _check(
         )
     if src.shape[1] > config.max_len:
         raise ValueError(f"src length {src.shape[1]} exceeds config.max_len={config.max_len}")
-    if not isinstance(max_extra_len, int) or max_extra_len < 0:
-        raise ValueError(f"max_extra_len must be an integer >= 0, got {max_extra_len!r}")
-    for name, value in (("bos_id", bos_id), ("eos_id", eos_id)):
+    for name, value in (("max_extra_len", max_extra_len), ("min_len", min_len)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+    ids = (("bos_id", bos_id),) + ((("eos_id", eos_id),) if eos_id is not None else ())
+    for name, value in ids:
         if not isinstance(value, int) or not 0 <= value < config.tgt_vocab:
             raise ValueError(f"{name} must be a token id in [0, {config.tgt_vocab}), got {value!r}")
     if eos_id == config.pad_id:
@@ -126,153 +206,65 @@ def _check(
     return config, src.astype(jnp.int32), max_len
 
 
-# ------------------------------------------------------------------------ shared parts
-def _start(
-    params: Any, src: Array, config: TransformerConfig, max_len: int, max_extra_len: int, k: int
-) -> tuple[Transformer, Array, Array, Any, Array]:
-    """Encode once; expand by beam; empty cache; per-sentence output-length limits."""
-    model = Transformer(config.replace(decode=True))
-    encoded = model.apply({"params": params}, src, method="encode")
-    limits = jnp.minimum(jnp.sum(src != config.pad_id, axis=1) + max_extra_len, max_len)
-    encoded, src = jnp.repeat(encoded, k, axis=0), jnp.repeat(src, k, axis=0)
-    target = jnp.zeros((src.shape[0], max_len), jnp.int32)  # sizes the self-attention cache
-    cache = model.init(jax.random.key(0), src, target)["cache"]  # zeros; its params are unused
-    return model, encoded, src, cache, limits
+def _limits(src: Array, config: TransformerConfig, max_len: int, max_extra_len: int) -> Array:
+    """Per-sentence output limits: source length (padding excluded) + ``max_extra_len``."""
+    return jnp.minimum(jnp.sum(src != config.pad_id, axis=1) + max_extra_len, max_len)
 
 
-def _log_probs(
-    model: Transformer, params: Any, cache: Any, encoded: Array, src: Array, last: Array
-) -> tuple[Array, Any]:
-    """log P(next token) ``[rows, vocab]`` (PAD excluded) and the extended cache."""
-    logits, state = model.apply(
-        {"params": params, "cache": cache},
-        encoded,
-        src,
-        last[:, None],
-        method="decode",
-        mutable=["cache"],
-    )
-    logits = logits[:, 0].at[:, model.config.pad_id].set(NEG_INF)
-    return jax.nn.log_softmax(logits), state["cache"]
-
-
-# ---------------------------------------------------------------------------- greedy
-@functools.partial(jax.jit, static_argnums=(2, 3, 4, 5, 6))
-def _greedy(
-    params: Any,
-    src: Array,
-    config: TransformerConfig,
-    max_len: int,
-    max_extra_len: int,
-    bos_id: int,
-    eos_id: int,
-) -> Array:
-    model, encoded, src, cache, limits = _start(params, src, config, max_len, max_extra_len, 1)
-    batch = src.shape[0]
-    pad = config.pad_id
-
-    def cond(state):
-        t, _, _, done, _ = state
-        return (t < max_len) & ~jnp.all(done)
-
-    def body(state):
-        t, tokens, last, done, cache = state
-        log_probs, cache = _log_probs(model, params, cache, encoded, src, last)
-        token = jnp.where(done, pad, jnp.argmax(log_probs, axis=-1).astype(jnp.int32))
-        tokens = tokens.at[:, t].set(token)
-        done = done | (token == eos_id) | (t + 1 >= limits)
-        return t + 1, tokens, token, done, cache
-
-    state = (
-        jnp.array(0),
-        jnp.full((batch, max_len), pad, jnp.int32),
-        jnp.full((batch,), bos_id, jnp.int32),
-        jnp.zeros((batch,), bool),
+# ------------------------------------------------------------------- compiled searches
+@functools.partial(jax.jit, static_argnums=tuple(range(2, 8)))
+def _greedy(params, src, config, max_len, max_extra_len, min_len, bos_id, eos_id) -> Array:
+    step, cache = transformer_step(config, params, src, max_len)
+    return greedy(
+        step,
         cache,
+        src.shape[0],
+        max_len,
+        bos_id=bos_id,
+        eos_id=eos_id,
+        pad_id=config.pad_id,
+        min_len=min_len,
+        limits=_limits(src, config, max_len, max_extra_len),
     )
-    return jax.lax.while_loop(cond, body, state)[1]
 
 
-# ------------------------------------------------------------------------------ beam
-@functools.partial(jax.jit, static_argnums=(2, 3, 4, 5, 6, 7, 8))
+@functools.partial(jax.jit, static_argnums=tuple(range(2, 10)))
 def _beam(
-    params: Any,
-    src: Array,
-    config: TransformerConfig,
-    max_len: int,
-    max_extra_len: int,
-    bos_id: int,
-    eos_id: int,
-    k: int,
-    alpha: float,
+    params, src, config, max_len, max_extra_len, min_len, bos_id, eos_id, k, alpha
 ) -> tuple[Array, Array]:
-    model, encoded, src, cache, limits = _start(params, src, config, max_len, max_extra_len, k)
-    batch = limits.shape[0]
-    pad = config.pad_id
-    best_possible = lambda log_prob: log_prob / length_penalty(limits, alpha)  # noqa: E731
-    take = lambda x, i: jnp.take_along_axis(x, i.reshape(i.shape + (1,) * (x.ndim - 2)), 1)  # noqa: E731
-
-    def cond(state):
-        return (state[0] <= max_len) & ~jnp.all(state[-1])
-
-    def body(state):
-        t, live, live_log_prob, finished, finished_score, cache, done = state
-        log_probs, cache = _log_probs(model, params, cache, encoded, src, live[:, :, t - 1].ravel())
-        vocab = log_probs.shape[-1]
-        candidates = (live_log_prob[:, :, None] + log_probs.reshape(batch, k, vocab)).reshape(
-            batch, k * vocab
-        )
-        log_prob, index = jax.lax.top_k(candidates, 2 * k)  # [batch, 2k], best first
-        origin, token = index // vocab, (index % vocab).astype(jnp.int32)
-        sequences = take(live, origin).at[:, :, t].set(token)  # [batch, 2k, 1 + max_len]
-        ends = (token == eos_id) | (t >= limits)[:, None]
-
-        # Finished: ending candidates among the k best join the k best finished so far.
-        new_score = log_prob / length_penalty(t, alpha)
-        keep = ends & (jnp.arange(2 * k) < k) & ~done[:, None]
-        scores = jnp.concatenate([finished_score, jnp.where(keep, new_score, NEG_INF)], 1)
-        finished_score, best = jax.lax.top_k(scores, k)
-        finished = take(jnp.concatenate([finished, sequences], 1), best)
-
-        # Live: the k best candidates that did not end; reorder the cache rows to match.
-        live_log_prob, best = jax.lax.top_k(jnp.where(ends, NEG_INF, log_prob), k)
-        live = take(sequences, best)
-        rows = (jnp.arange(batch)[:, None] * k + take(origin, best)).ravel()
-        cache = _reorder(cache, rows)
-
-        done = done | (t >= limits) | (finished_score[:, -1] >= best_possible(live_log_prob[:, 0]))
-        return t + 1, live, live_log_prob, finished, finished_score, cache, done
-
-    # Column 0 of the sequences holds BOS; step t writes column t. One live beam at first.
-    sequences = jnp.full((batch, k, 1 + max_len), pad, jnp.int32).at[:, :, 0].set(bos_id)
-    first = jnp.where(jnp.arange(k) == 0, 0.0, NEG_INF)
-    state = (
-        jnp.array(1),
-        sequences,
-        jnp.broadcast_to(first, (batch, k)),
-        sequences,
-        jnp.full((batch, k), NEG_INF),
+    step, cache = transformer_step(config, params, src, max_len, copies=k)
+    return beam(
+        step,
         cache,
-        jnp.zeros((batch,), bool),
+        src.shape[0],
+        max_len,
+        beam_size=k,
+        alpha=alpha,
+        bos_id=bos_id,
+        eos_id=eos_id,
+        pad_id=config.pad_id,
+        min_len=min_len,
+        limits=_limits(src, config, max_len, max_extra_len),
+        cache_batch_axis=1 if config.scan_layers else 0,  # scanned caches: [layers, rows, ...]
     )
-    _, _, _, finished, finished_score, _, _ = jax.lax.while_loop(cond, body, state)
-    finished = jnp.where(finished_score[:, :, None] > NEG_INF, finished[:, :, 1:], pad)
-    return finished, finished_score
 
 
-def _reorder(cache: Any, rows: Array) -> Any:
-    """Gather the self-attention cache rows of the surviving beams.
-
-    Counters (scalars) are shared; the encoder-decoder keys/values are the same for all
-    beams of a sentence, so they are left in place. Caches of scanned layers
-    (``scan_layers``) have a leading layer axis.
-    """
-
-    def gather(path, x):
-        keys = [getattr(p, "key", None) for p in path]
-        batch_axis = int("layers" in keys)
-        if x.ndim == batch_axis or "cross_attention" in keys:
-            return x
-        return jnp.take(x, rows, axis=batch_axis)
-
-    return jax.tree_util.tree_map_with_path(gather, cache)
+@functools.partial(jax.jit, static_argnums=tuple(range(3, 11)))
+def _sample(
+    params, src, key, config, max_len, max_extra_len, min_len, bos_id, eos_id, temperature, top_k
+) -> Array:
+    step, cache = transformer_step(config, params, src, max_len)
+    return sample(
+        step,
+        cache,
+        src.shape[0],
+        max_len,
+        key,
+        temperature=temperature,
+        top_k=top_k,
+        bos_id=bos_id,
+        eos_id=eos_id,
+        pad_id=config.pad_id,
+        min_len=min_len,
+        limits=_limits(src, config, max_len, max_extra_len),
+    )
