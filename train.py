@@ -24,8 +24,7 @@ from typing import NoReturn
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from transformer_jax.kernels.malloc import retain_freed_memory
-from transformer_jax.kernels.vectors import prefer_wide_vectors
+from transformer_jax.kernels import configure_process
 from transformer_jax.training import distributed
 from transformer_jax.training.loop import train_and_evaluate
 
@@ -92,8 +91,7 @@ def main(argv: list[str]) -> None:
     name = os.path.splitext(os.path.basename(flags.FLAGS["config"].config_filename))[0]
     workdir = _WORKDIR.value or os.path.join("runs", name)
     logging.set_verbosity(logging.WARNING)  # Orbax logs every file it writes at INFO
-    retain_freed_memory()  # before JAX starts its threads: steps reuse freed pages
-    prefer_wide_vectors()  # before the first computation: XLA reads its flags then
+    configure_process(_CONFIG.value.model.platform)  # CPU runtime settings; before JAX starts
     try:
         distributed.initialize(
             _MULTIHOST.value,

@@ -9,7 +9,9 @@ from conftest import TINY_CONFIG
 
 from transformer_jax import Transformer, kernels
 from transformer_jax.kernels import precision
+from transformer_jax.training.defaults import default_config
 from transformer_jax.training.loss import loss_and_metrics
+from transformer_jax.training.validation import validate_config
 
 CFG = TINY_CONFIG.replace(attention_dropout_rate=0.1)
 SRC = jnp.array([[4, 5, 6, 7, 3], [8, 9, 3, 0, 0]], jnp.int32)
@@ -121,3 +123,21 @@ def test_only_the_cpu_set_carries_cpu_constructs():
     plain, tuned = (jaxpr(CFG.replace(kernels=k)) for k in ("xla", "cpu"))
     assert "optimization_barrier" not in plain and "optimization_barrier" in tuned
     assert plain.count("shift_left") == 0 < tuned.count("shift_left")
+
+
+def test_run_configs_that_cannot_work_are_refused_before_compiling():
+    config = default_config()
+    config.data.source = "synthetic"
+    config.model.attention_impl = "cudnn"
+    config.model.dtype = "bfloat16"
+    config.model.platform = "gpu"
+    config.data.max_len = 100
+    with pytest.raises(ValueError, match="data.max_len=100 must be a multiple of 8"):
+        validate_config(config)
+    config.data.max_len = 96
+    assert validate_config(config).attention_impl == "cudnn"
+    config = default_config()
+    config.data.source = "synthetic"
+    config.model.update(kernels="xla", matmul_precision="bfloat16", platform="cpu")
+    with pytest.raises(ValueError, match="does not train on XLA:CPU"):
+        validate_config(config)

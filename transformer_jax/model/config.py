@@ -31,9 +31,8 @@ class TransformerConfig:
     layer once (its parameters are then stacked under ``layers`` instead of ``layer_0`` ...
     ``layer_{N-1}``).
 
-    ``platform`` is the platform the program is for ('auto': JAX's default backend;
-    :func:`from_config_dict`, the training and command entry points, pin it once, and a
-    program lowered for another platform sets it); ``kernels`` picks the kernel set
+    ``platform`` is the platform the program is for ('auto': JAX's default backend; a
+    program lowered or exported for another platform names it); ``kernels`` picks the kernel set
     (:mod:`transformer_jax.kernels`): 'auto' is 'cpu' on the CPU platform and 'xla'
     elsewhere, the same values either way.
     Variants are made with ``config.replace(decode=True)``.
@@ -172,8 +171,7 @@ def to_dtype(name: str | Any) -> Any:
 def from_config_dict(model: Any) -> TransformerConfig:
     """Build a ``TransformerConfig`` from the ``model`` part of an ml_collections config.
 
-    Unknown keys raise ``ValueError`` naming them and the allowed fields. ``platform``
-    'auto' becomes JAX's default backend here.
+    Unknown keys raise ``ValueError`` naming them and the allowed fields.
     """
     values = dict(model.to_dict() if hasattr(model, "to_dict") else model)
     fields = {f.name for f in dataclasses.fields(TransformerConfig)}
@@ -183,6 +181,4 @@ def from_config_dict(model: Any) -> TransformerConfig:
     for key in ("dtype", "param_dtype"):
         if key in values:
             values[key] = to_dtype(values[key])
-    if values.get("platform", "auto") == "auto":
-        values["platform"] = jax.default_backend()
     return TransformerConfig(**values)

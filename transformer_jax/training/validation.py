@@ -85,6 +85,18 @@ def validate_config(config: ml_collections.ConfigDict) -> TransformerConfig:
             f"model.pad_id={model.pad_id} must be {PAD_ID}: the tokenizer and the batches "
             f"pad with id {PAD_ID}"
         )
+    if model.attention_impl == "cudnn" and data.max_len % 8:
+        raise ValueError(
+            f"data.max_len={data.max_len} must be a multiple of 8 with "
+            "model.attention_impl='cudnn' (cuDNN's sequence lengths; the buckets below it are)"
+        )
+    if model.kernel_set == "xla" and model.matmul_precision == "bfloat16" and (
+        model.target_platform == "cpu"
+    ):
+        raise ValueError(
+            "model.kernels='xla' with model.matmul_precision='bfloat16' does not train on "
+            "XLA:CPU (it rejects some of these products); use model.kernels='auto' or 'cpu'"
+        )
     if data.max_len > model.max_len:
         raise ValueError(
             f"data.max_len={data.max_len} must be <= model.max_len={model.max_len} "
