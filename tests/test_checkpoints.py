@@ -1,0 +1,31 @@
+"""training.checkpoints: the last ``keep`` checkpoints are kept, older ones pruned."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from transformer_jax.training.checkpoints import Checkpointer, list_steps
+from transformer_jax.training.optimizer import transformer_optimizer, transformer_schedule
+from transformer_jax.training.steps import create_train_state
+
+
+def test_keeps_the_last_k_checkpoints(tmp_path):
+    params = {"w": jnp.arange(3.0), "b": jnp.zeros((2, 2))}
+    tx = transformer_optimizer(transformer_schedule(16, 10))
+    state = jax.device_get(create_train_state(params, tx, jax.random.PRNGKey(0)))
+    checkpointer = Checkpointer(str(tmp_path), keep=3)
+    for step in range(1, 7):
+        state = state.replace(
+            step=np.array(step, np.int32), params={**params, "w": params["w"] + step}
+        )
+        checkpointer.save_state(state, {"epoch": 0, "position": step})
+        if step == 3:
+            checkpointer.manager.wait_until_finished()
+            assert list_steps(str(tmp_path)) == [1, 2, 3]  # nothing pruned below K
+    checkpointer.close()
+    assert list_steps(str(tmp_path)) == [4, 5, 6]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["4", "5", "6"]
+
+    restored, data = Checkpointer(str(tmp_path), keep=3).restore_state(state)
+    assert int(restored.step) == 6 and data == {"epoch": 0, "position": 6}
+    np.testing.assert_array_equal(restored.params["w"], np.arange(3.0) + 6)
