@@ -5,6 +5,7 @@ on CPU; notebooks 02 and 04 share that run through TJ_NOTEBOOK_WORKDIR (a tempor
 Run alone with ``pytest tests/test_notebooks.py`` (one notebook: ``-k 03_positional``).
 """
 
+import re
 from pathlib import Path
 
 import nbformat
@@ -23,6 +24,32 @@ def test_the_five_notebooks_are_committed_small_and_with_outputs():
         outputs = [o for c in nbformat.read(path, as_version=4).cells for o in c.get("outputs", [])]
         assert not [o for o in outputs if o.output_type == "error"], path.name
         assert any("image/png" in o.get("data", {}) for o in outputs), f"{path.name}: no figure"
+
+
+def output_texts(output) -> list[str]:
+    """The text an output shows: a stream, an error's traceback, text/* and JSON data."""
+    texts = [output.get("text", ""), *output.get("traceback", [])]
+    for kind, value in output.get("data", {}).items():
+        if kind.startswith("text/") or kind.endswith("json"):
+            texts.append(value if isinstance(value, str) else str(value))
+    return texts
+
+
+MACHINE_PATHS = re.compile(r"(?<![\w.])/(work|root|tmp|home)/")
+
+
+def test_outputs_carry_no_absolute_paths_of_the_machine_that_ran_them():
+    found = [
+        f"{path.name} cell {i}: {MACHINE_PATHS.search(text).group(0)}..."
+        for path in NOTEBOOKS
+        for i, cell in enumerate(nbformat.read(path, as_version=4).cells)
+        for output in cell.get("outputs", [])
+        for text in output_texts(output)
+        if MACHINE_PATHS.search(text)
+    ]
+    assert not found, found
+    assert MACHINE_PATHS.search("the run in /work/main/runs/notebook is complete")
+    assert not MACHINE_PATHS.search("the run in ../runs/notebook is complete")
 
 
 @pytest.fixture(scope="module")
