@@ -10,8 +10,14 @@ import pytest
 from conftest import TINY_CONFIG
 
 from transformer_jax import Transformer
-from transformer_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from transformer_jax.inference.decoding import _greedy, beam_search, greedy_search, length_penalty
+from transformer_jax.ids import BOS_ID, EOS_ID, PAD_ID
+from transformer_jax.inference.decoding import (
+    _greedy,
+    beam_search,
+    greedy_search,
+    length_penalty,
+    temperature_sample,
+)
 
 # Six tokens: PAD, UNK, BOS, EOS and two words; an untied output layer whose bias can
 # steer how likely EOS is.
@@ -104,6 +110,23 @@ def test_eos_ends_and_length_limit_per_sentence(params):
     capped = greedy_search(CFG, never, SRC, max_len=7)  # an explicit max_len caps it
     assert capped.shape == (3, 7)
     np.testing.assert_array_equal(np.sum(np.asarray(capped) != PAD_ID, 1), [7, 7, 7])
+
+
+def test_min_len_eos_none_and_sampling_through_the_wrappers(params):
+    eager = with_eos_bias(params, 100.0)  # EOS first unless forbidden
+    held = np.asarray(greedy_search(CFG, eager, SRC, max_extra_len=6, min_len=2))
+    assert np.all(held[:, :2] != EOS_ID) and np.all(held[:, 2] == EOS_ID)
+    beamed = np.asarray(beam_search(CFG, eager, SRC, max_extra_len=6, min_len=2))
+    np.testing.assert_array_equal(beamed, held)
+    ignored = np.asarray(greedy_search(CFG, eager, SRC, max_extra_len=6, eos_id=None))
+    np.testing.assert_array_equal(np.sum(ignored != PAD_ID, 1), lengths(SRC) + 6)
+    top1 = temperature_sample(CFG, params, SRC, jax.random.key(0), top_k=1, max_extra_len=6)
+    np.testing.assert_array_equal(top1, greedy_search(CFG, params, SRC, max_extra_len=6))
+    drawn = temperature_sample(CFG, params, SRC, jax.random.key(1), temperature=5.0)
+    assert drawn.shape == (3, CFG.max_len)  # 5 + 50 capped by config.max_len
+    for row in np.asarray(drawn):
+        stop = np.flatnonzero(row == EOS_ID)[0] + 1 if EOS_ID in row else len(row)
+        assert np.all(row[:stop] != PAD_ID) and np.all(row[stop:] == PAD_ID)
 
 
 def test_sentence_alone_equals_inside_padded_batch(params):
