@@ -5,12 +5,21 @@ signals, snapshot and resume in step, equal to one process with two devices."""
 
 import os
 import re
+import shutil
+import signal
+import socket
 import subprocess
 import sys
+import textwrap
+import time
 
+import jax
+import numpy as np
 import pytest
 
-from transformer_jax.training import distributed
+from transformer_jax.training import checkpoints, distributed
+from transformer_jax.training.logs import read_metrics
+from transformer_jax.training.workdir import lock_workdir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -117,3 +126,304 @@ def test_train_py_under_mpirun_without_the_switch_is_refused_in_one_line(tmp_pat
         "--multihost (README, Multi-host) or start a single process"
     ]
     assert not workdir.exists()  # refused before anything was written
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cpu_env(**extra):
+    """A CPU-only environment that imports this checkout, without launcher variables."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "SLURM_", "PMI_"))}
+    env.pop("JAX_COORDINATOR_ADDRESS", None)
+    env.update(JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, **extra)
+    return env
+
+
+COLLECTIVES = textwrap.dedent(
+    """
+    import sys
+    import jax
+    from transformer_jax.training import distributed
+
+    port, index = sys.argv[1], int(sys.argv[2])
+    assert distributed.initialize(False, coordinator_address=f"127.0.0.1:{port}",
+                                  num_processes=2, process_id=index)
+    seen = [distributed.any_process([index == 1, False, index == 0])() for _ in range(2)]
+    data = distributed.from_process_zero(lambda: b"made by process %d" % index)
+
+    def fails():
+        raise ValueError("no training sentences")
+
+    try:
+        distributed.from_process_zero(fails)
+        failed = "nothing"
+    except ValueError as e:
+        failed = str(e)
+    print(f"RESULT {seen} {data!r} {failed}", flush=True)
+    """
+)
+
+
+def test_two_processes_agree_on_flags_and_receive_process_zeros_bytes():
+    port = free_port()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", COLLECTIVES, str(port), str(i)],
+            env=cpu_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    outs = []
+    try:
+        for proc in procs:
+            outs.append(proc.communicate(timeout=120)[0])
+    finally:
+        for proc in procs:
+            proc.kill()
+    results = [next(x for x in out.splitlines() if x.startswith("RESULT")) for out in outs]
+    assert results[0] == (
+        "RESULT [(True, False, True), (True, False, True)] b'made by process 0' "
+        "no training sentences"
+    )
+    assert results[1] == (
+        "RESULT [(True, False, True), (True, False, True)] b'made by process 0' "
+        "process 0: no training sentences"
+    )
+
+
+MICRO = """
+import sys
+sys.path.insert(0, {root!r})
+from configs.tiny import get_config as tiny
+
+
+def get_config():
+    config = tiny()
+    config.model.update(vocab_size=300, d_model=32, num_heads=2, d_ff=64,
+                        num_encoder_layers=1, num_decoder_layers=1)
+    config.data.update(tokens_per_batch=256, tokenizer_train_sentences=2000)
+    config.train.update(num_steps=16, warmup_steps=10, log_every=1, checkpoint_every=4,
+                        eval_sentences=0, final_test=False, keep_checkpoints=50,
+                        parallel={parallel!r}, grad_accum_steps={accum})
+    return config
+"""
+
+
+class Launch:
+    """``train.py`` as the README's Multi-host section runs it: one process per host, here
+    both on 127.0.0.1 with one CPU device each (or one process with two devices)."""
+
+    def __init__(self, tmp_path, parallel="pmap", accum=1):
+        self.config = tmp_path / f"micro_{parallel}_{accum}.py"
+        self.config.write_text(MICRO.format(root=ROOT, parallel=parallel, accum=accum))
+        self.cache = tmp_path / "xla_cache"  # one compilation per program for all runs
+
+    def env(self, **extra):
+        return cpu_env(
+            JAX_COMPILATION_CACHE_DIR=str(self.cache),
+            JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+            **extra,
+        )
+
+    def start(self, workdir, num_processes=2):
+        """Start the processes of one run; their output goes to ``{workdir}.{i}.log``."""
+        command = [sys.executable, os.path.join(ROOT, "train.py"), f"--config={self.config}"]
+        command.append(f"--workdir={workdir}")
+        if num_processes == 1:
+            flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=2"
+            env = self.env(XLA_FLAGS=flags.strip())
+            return [self._popen(command, env, f"{workdir}.0.log")]
+        address = f"127.0.0.1:{free_port()}"
+        return [
+            self._popen(
+                command
+                + [
+                    f"--coordinator_address={address}",
+                    f"--num_processes={num_processes}",
+                    f"--process_id={i}",
+                ],
+                self.env(),
+                f"{workdir}.{i}.log",
+            )
+            for i in range(num_processes)
+        ]
+
+    @staticmethod
+    def _popen(command, env, log):
+        with open(log, "w") as out:
+            proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+        proc.log = log
+        return proc
+
+    def run(self, workdir, num_processes=2):
+        return finish(self.start(workdir, num_processes))
+
+
+def output(proc):
+    with open(proc.log) as f:
+        return f.read()
+
+
+def finish(procs, code=0, timeout=300):
+    """Wait for every process (killing all if one overruns) to exit with ``code`` (75:
+    stopped by SIGTERM); their outputs."""
+    end = time.time() + timeout
+    try:
+        for proc in procs:
+            proc.wait(timeout=max(end - time.time(), 1))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    outs = [output(proc) for proc in procs]
+    for proc, out in zip(procs, outs, strict=True):
+        assert proc.returncode == code, out[-3000:]
+    return outs
+
+
+def wait_for(predicate, procs, timeout=240):
+    end = time.time() + timeout
+    while not predicate():
+        for proc in procs:
+            assert proc.poll() is None, output(proc)[-3000:]
+        assert time.time() < end, "timed out"
+        time.sleep(0.05)
+
+
+def losses(workdir):
+    """Loss per logged training step of ``metrics.jsonl`` (each step exactly once)."""
+    steps = [r for r in read_metrics(str(workdir)) if "learning_rate" in r]
+    assert len({r["step"] for r in steps}) == len(steps), "a step was logged twice"
+    return {r["step"]: r["loss"] for r in steps}
+
+
+def logged_step(workdir):
+    return max(losses(workdir), default=0) if os.path.isfile(workdir / "metrics.jsonl") else 0
+
+
+def assert_same_run(workdir, reference):
+    assert losses(workdir) == losses(reference)
+    _, params, step = checkpoints.load_run(str(workdir))
+    _, expected, expected_step = checkpoints.load_run(str(reference))
+    assert step == expected_step == 16
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(expected), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def prepared(reference, workdir):
+    """A workdir holding the reference run's tokenizer and encoded data."""
+    os.makedirs(workdir)
+    shutil.copy(reference / "tokenizer.model", workdir)
+    shutil.copytree(reference / "data_cache", workdir / "data_cache")
+    return workdir
+
+
+@pytest.fixture(scope="module")
+def two_processes(tmp_path_factory):
+    """An uninterrupted two-process run (which trains its own tokenizer) and its launcher."""
+    tmp = tmp_path_factory.mktemp("multihost")
+    launch = Launch(tmp)
+    reference = tmp / "reference"
+    outs = launch.run(reference)
+    return launch, reference, outs
+
+
+@pytest.mark.slow
+def test_two_processes_equal_one_process_with_two_devices(two_processes, tmp_path):
+    launch, reference, outs = two_processes
+    assert all("2 device(s)" in out for out in outs)
+    assert "train: 100%" in outs[0] and "train:" not in outs[1]  # one progress bar
+    assert sorted(losses(reference)) == list(range(1, 17))  # process 0 alone logs
+    assert not [f for f in os.listdir(reference) if f.endswith(".tmp")]
+    launch.run(prepared(reference, tmp_path / "one"), num_processes=1)
+    assert_same_run(tmp_path / "one", reference)
+
+
+@pytest.mark.slow
+def test_shard_map_with_accumulation_two_processes_equal_one(two_processes, tmp_path):
+    _, reference, _ = two_processes
+    launch = Launch(tmp_path, parallel="shard_map", accum=2)
+    two = prepared(reference, tmp_path / "two")
+    launch.run(two)
+    launch.run(prepared(reference, tmp_path / "one"), num_processes=1)
+    assert_same_run(tmp_path / "one", two)
+
+
+@pytest.mark.slow
+def test_a_workdir_in_use_stops_every_process_with_one_line(two_processes, tmp_path):
+    launch, reference, _ = two_processes
+    workdir = prepared(reference, tmp_path / "run")
+    with lock_workdir(str(workdir)):  # another train.py holds the workdir
+        outs = finish(launch.start(workdir), code=1)
+    for out in outs:
+        errors = [line for line in out.splitlines() if "error" in line.lower()]
+        assert len(errors) == 1 and "is in use by another process" in errors[0], out
+    assert outs[1].count("error: process 0: workdir") == 1
+
+
+@pytest.mark.slow
+def test_signals_to_one_process_act_on_both_then_resume_equals_the_uninterrupted_run(
+    two_processes, tmp_path
+):
+    launch, reference, _ = two_processes
+    workdir = prepared(reference, tmp_path / "run")
+    procs = launch.start(workdir)
+    wait_for(lambda: logged_step(workdir) >= 2, procs)
+    procs[1].send_signal(signal.SIGUSR1)  # a snapshot, and training goes on
+    snapshots = workdir / "snapshots"
+    wait_for(lambda: snapshots.is_dir() and any(map(str.isdigit, os.listdir(snapshots))), procs)
+    procs[1].send_signal(signal.SIGTERM)  # process 1 only: both stop at one step
+    outs = finish(procs, code=75)
+    snapshot = {int(re.search(r"saved the parameters of step (\d+)", o)[1]) for o in outs}
+    stopped = {int(re.search(r"SIGTERM: saved the checkpoint at step (\d+)", o)[1]) for o in outs}
+    assert len(snapshot) == len(stopped) == 1, outs
+    assert os.listdir(snapshots) == [str(*snapshot)]
+    assert max(stopped) < 16 and max(stopped) in checkpoints.list_steps(str(workdir))
+    assert max(losses(workdir)) == max(stopped)
+
+    outs = launch.run(workdir)
+    assert all(f"resuming from the checkpoint at step {max(stopped)}" in out for out in outs)
+    assert_same_run(workdir, reference)
+
+
+@pytest.mark.slow
+def test_sigterm_to_both_processes_steps_apart_saves_one_checkpoint(two_processes, tmp_path):
+    launch, reference, _ = two_processes
+    workdir = prepared(reference, tmp_path / "run")
+    procs = launch.start(workdir)
+    wait_for(lambda: logged_step(workdir) >= 2, procs)
+    procs[0].send_signal(signal.SIGTERM)
+    time.sleep(0.3)  # a few steps of this model
+    procs[1].send_signal(signal.SIGTERM)
+    outs = finish(procs, code=75)
+    stopped = {int(re.search(r"SIGTERM: saved the checkpoint at step (\d+)", o)[1]) for o in outs}
+    assert len(stopped) == 1 and max(stopped) in checkpoints.list_steps(str(workdir))
+    launch.run(workdir)
+    assert_same_run(workdir, reference)
+
+
+@pytest.mark.slow
+def test_sigkill_of_one_process_then_a_relaunch_resumes(two_processes, tmp_path):
+    launch, reference, _ = two_processes
+    workdir = prepared(reference, tmp_path / "run")
+    procs = launch.start(workdir)
+    wait_for(lambda: logged_step(workdir) >= 5, procs)  # the checkpoint of step 4 is written
+    procs[1].kill()
+    time.sleep(2)
+    procs[0].kill()  # what the launcher does to the job when one of its tasks dies
+    for proc in procs:
+        proc.wait()
+    killed_at = logged_step(workdir)
+    assert killed_at < 16, "the run finished before it was killed"
+    outs = launch.run(workdir)
+    saved = [s for s in checkpoints.list_steps(str(workdir)) if s <= killed_at]
+    for out in outs:
+        assert f"resuming from the checkpoint at step {max(saved)}" in out, out[-3000:]
+    assert_same_run(workdir, reference)

@@ -7,14 +7,16 @@
 switch is refused: it would train as an independent job in a shared workdir.
 ``any_process`` ORs per-step flags (SIGTERM, SIGUSR1) over all processes, so that every
 process stops or saves at the same step; ``from_process_zero`` runs a computation on
-process 0 alone (the tokenizer, which only process 0 writes) and hands its bytes to all.
+process 0 alone (the tokenizer, which only process 0 writes) and hands its bytes, or its
+error, to all; ``entered_by_process_zero`` likewise takes the workdir's lock.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -137,11 +139,11 @@ def any_process(flags: Sequence[bool]) -> Callable[[], tuple[bool, ...]]:
     return lambda: tuple(bool(v) for v in np.asarray(summed.addressable_data(0)))
 
 
-def from_process_zero(make: Callable[[], bytes], what: str) -> bytes:
+def from_process_zero(make: Callable[[], bytes]) -> bytes:
     """``make()`` run by process 0 alone, its bytes broadcast to every process.
 
-    A ValueError on process 0 is raised there and, as a one-line ValueError naming
-    ``what``, on the other processes, so that none waits forever.
+    An error on process 0 is raised there and, as a ValueError with its message, on the
+    other processes, so that every process stops with one line and none waits forever.
     """
     if jax.process_count() == 1:
         return make()
@@ -149,13 +151,31 @@ def from_process_zero(make: Callable[[], bytes], what: str) -> bytes:
     if jax.process_index() == 0:
         try:
             payload = make()
-        except ValueError as e:
-            error = e
+        except Exception as e:  # noqa: BLE001 - re-raised below, its message sent to all
+            error, payload = e, str(e).encode()
     header = np.array([error is None, len(payload)], np.int32)
     ok, size = multihost_utils.broadcast_one_to_all(header)
+    data = np.frombuffer(payload, np.uint8) if payload else np.zeros(int(size), np.uint8)
+    if size:
+        data = multihost_utils.broadcast_one_to_all(data)
     if error is not None:
         raise error
     if not ok:
-        raise ValueError(f"process 0 could not prepare {what} (its output says why)")
-    data = np.frombuffer(payload, np.uint8) if payload else np.zeros(int(size), np.uint8)
-    return multihost_utils.broadcast_one_to_all(data).tobytes()
+        raise ValueError(f"process 0: {data.tobytes().decode()}")
+    return data.tobytes()
+
+
+@contextlib.contextmanager
+def entered_by_process_zero(
+    context: Callable[[], contextlib.AbstractContextManager[Any]],
+) -> Iterator[None]:
+    """Enter ``context()`` on process 0 alone (e.g. the workdir's lock); a ValueError from
+    entering it is raised on every process (:func:`from_process_zero`)."""
+    with contextlib.ExitStack() as stack:
+
+        def enter() -> bytes:
+            stack.enter_context(context())
+            return b""
+
+        from_process_zero(enter)
+        yield

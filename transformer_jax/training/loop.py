@@ -11,7 +11,6 @@ load them with ``--checkpoint snapshots/STEP``).
 
 from __future__ import annotations
 
-import contextlib
 import os
 from typing import Any
 
@@ -23,6 +22,7 @@ from tqdm import tqdm
 from transformer_jax import data as data_lib
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.training import checkpoints
+from transformer_jax.training.distributed import entered_by_process_zero
 from transformer_jax.training.evaluator import Evaluator, describe
 from transformer_jax.training.logs import METRICS_FILE, MetricsWindow, MetricsWriter, read_metrics
 from transformer_jax.training.run import Run, run_schedule, start_run
@@ -36,8 +36,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     (``lock_workdir``). Returns the final evaluation results, or ``{'step': ...,
     'complete': False, 'stopped_by': 'SIGTERM'}`` when a signal stopped it."""
     model_config = validate_config(config)  # before the workdir is created
-    lock = lock_workdir(workdir) if jax.process_index() == 0 else contextlib.nullcontext()
-    with lock:
+    with entered_by_process_zero(lambda: lock_workdir(workdir)):  # refused on every process
         return _train_and_evaluate(config, model_config, workdir)
 
 

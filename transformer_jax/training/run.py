@@ -155,7 +155,7 @@ def start_run(
         return data_lib.get_tokenizer(config.data, workdir, config.model.vocab_size).model_proto
 
     # trained and written by process 0 alone; the other processes receive its bytes
-    tokenizer = data_lib.Tokenizer(from_process_zero(tokenizer_bytes, f"{workdir}/tokenizer.model"))
+    tokenizer = data_lib.Tokenizer(from_process_zero(tokenizer_bytes))
     if tokenizer.vocab_size > model_config.tgt_vocab:
         raise ValueError(
             f"model.vocab_size={model_config.tgt_vocab} is smaller than the tokenizer's "
