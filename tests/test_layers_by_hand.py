@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from conftest import TINY_CONFIG
 
-from transformer_jax import Transformer
+from transformer_jax import MultiHeadAttention, Transformer
 from transformer_jax.model.attention import padding_mask
 from transformer_jax.model.layers import EncoderLayer, FeedForward
 
@@ -58,7 +58,7 @@ def test_feed_forward_is_equation_2():
     x = jax.random.normal(jax.random.key(1), (2, 5, TINY_CONFIG.d_model))
     module = FeedForward(TINY_CONFIG)
     params = random_like(module.init(jax.random.key(0), x)["params"])
-    got = module.apply({"params": params}, x)
+    got = jax.jit(module.apply)({"params": params}, x)
     np.testing.assert_allclose(got, ffn(np.asarray(x, np.float64), as_numpy(params)), atol=1e-5)
 
 
@@ -71,7 +71,7 @@ def test_encoder_layer_by_hand(norm):
     mask = padding_mask(tokens)
     layer = EncoderLayer(cfg)
     params = random_like(layer.init(jax.random.key(0), x, mask)["params"], seed=2)
-    got = layer.apply({"params": params}, x, mask)
+    got = jax.jit(layer.apply)({"params": params}, x, mask)
 
     p, h, keep = as_numpy(params), np.asarray(x, np.float64), np.asarray(mask)
     attn_norm, ffn_norm = p["attention_block"]["LayerNorm_0"], p["ffn_block"]["LayerNorm_0"]
@@ -92,8 +92,9 @@ def test_encoder_layer_by_hand(norm):
 
 @pytest.fixture(scope="module")
 def training_pass():
-    """Every call of the modules that matter in one training pass: (class, path, args, out)."""
-    cfg = TINY_CONFIG.replace(dropout_rate=0.3)
+    """Every call of the modules that matter in one training pass:
+    (class name, path, args, output, module, kwargs)."""
+    cfg = TINY_CONFIG.replace(dropout_rate=0.3, attention_dropout_rate=0.2)
     src = jnp.array([[4, 5, 6, 7, 3], [8, 9, 3, 0, 0]], jnp.int32)
     tgt = jnp.array([[2, 4, 5, 6, 7, 9], [2, 8, 9, 3, 0, 0]], jnp.int32)
     model = Transformer(cfg)
@@ -105,7 +106,8 @@ def training_pass():
     def record(next_fun, args, kwargs, context):
         out = next_fun(*args, **kwargs)
         if context.method_name == "__call__" and type(context.module).__name__ in names:
-            calls.append((type(context.module).__name__, context.module.path, args, out))
+            name = type(context.module).__name__
+            calls.append((name, context.module.path, args, out, context.module, kwargs))
         return out
 
     with nn.intercept_methods(record):
@@ -116,7 +118,7 @@ def training_pass():
 
 
 def _calls(calls, kind):
-    return [(path, args, out) for name, path, args, out in calls if name == kind]
+    return [(path, args, out) for name, path, args, out, *_ in calls if name == kind]
 
 
 def test_every_dropout_drops_at_its_rate(training_pass):
@@ -159,23 +161,26 @@ def test_residual_dropout_on_each_sublayer_output_before_add_and_norm(training_p
         np.testing.assert_allclose(out, layer_norm(z, {"scale": 1.0, "bias": 0.0}), atol=1e-5)
 
 
-def test_attention_dropout_when_the_config_has_it():
-    """Not in the paper's base model (attention_dropout_rate=0): a switch, off by default."""
-    src = jnp.array([[4, 5, 6, 7, 3]], jnp.int32)
-    tgt = jnp.array([[2, 4, 5, 6, 7]], jnp.int32)
+def test_attention_dropout_when_the_config_has_it(training_pass):
+    """Not in the paper's base model (attention_dropout_rate=0): a switch, off by default,
+    that every attention layer applies to its weights while training."""
     assert TINY_CONFIG.attention_dropout_rate == 0.0
+    cfg, calls = training_pass
+    attentions = [c for c in calls if c[0] == "MultiHeadAttention"]
+    assert len(attentions) == cfg.num_encoder_layers + 2 * cfg.num_decoder_layers
+    assert all(c[4].dropout_rate == cfg.attention_dropout_rate for c in attentions)
+    assert all(c[5]["deterministic"] is False for c in attentions)
 
-    key = jax.random.key
-
-    def outputs(cfg):
-        model = Transformer(cfg)
-        params = model.init(jax.random.key(0), src, tgt)["params"]
-        train = lambda key: model.apply(  # noqa: E731
-            {"params": params}, src, tgt, deterministic=False, rngs={"dropout": key}
-        )
-        return model.apply({"params": params}, src, tgt), train(key(1)), train(key(2))
-
-    no_dropout = outputs(TINY_CONFIG.replace(dropout_rate=0.0))
-    np.testing.assert_array_equal(no_dropout[1], no_dropout[0])  # nothing random left
-    evaluated, a, b = outputs(TINY_CONFIG.replace(dropout_rate=0.0, attention_dropout_rate=0.3))
-    assert not np.allclose(a, evaluated) and not np.allclose(a, b)
+    x = jax.random.normal(jax.random.key(0), (2, 5, 16))
+    attention = MultiHeadAttention(num_heads=2, qk_dim=8, v_dim=8, dropout_rate=0.3)
+    variables = attention.init(jax.random.key(1), x)
+    train = lambda seed: attention.apply(  # noqa: E731
+        variables, x, deterministic=False, rngs={"dropout": jax.random.key(seed)}
+    )
+    evaluated = attention.apply(variables, x)
+    assert not np.allclose(train(1), evaluated) and not np.allclose(train(1), train(2))
+    without = MultiHeadAttention(num_heads=2, qk_dim=8, v_dim=8)
+    np.testing.assert_array_equal(
+        without.apply(variables, x, deterministic=False, rngs={"dropout": jax.random.key(1)}),
+        evaluated,
+    )
