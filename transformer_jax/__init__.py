@@ -1,6 +1,23 @@
-"""transformer_jax: the Transformer of "Attention Is All You Need" in JAX/Flax."""
+"""transformer_jax: the Transformer of "Attention Is All You Need" in JAX/Flax.
 
-from transformer_jax import kernels
+The public API, one import away:
+
+* ``Transformer``, ``TransformerConfig`` (defaults: the paper's base model), ``Encoder``,
+  ``Decoder`` (also decoder-only);
+* the model's pieces: ``attention`` (Eq. 1, masks, ``MultiHeadAttention``), ``embeddings``
+  (scaled embeddings, sinusoidal or learned positions), ``layers`` (``FeedForward``,
+  encoder and decoder layers);
+* ``decoding``: greedy, beam search and sampling over any step function ``(tokens, cache)
+  -> (logits, cache)``, and the Transformer's ``greedy_search`` / ``beam_search``;
+* ``training``: ``make_batch``, ``create_train_state``, ``train_step`` / ``eval_step``,
+  the label-smoothed loss, the paper's optimizer and schedule;
+* ``data``: the tokenizer, sources and token-budget batches; ``ids``: PAD, UNK, BOS, EOS;
+* ``kernels``: the backend seam (fast paths chosen by the target platform).
+"""
+
+from transformer_jax import data, ids, kernels, training
+from transformer_jax.inference import decoding
+from transformer_jax.model import attention, embeddings, layers
 from transformer_jax.model.attention import (
     MultiHeadAttention,
     causal_mask,
@@ -9,18 +26,27 @@ from transformer_jax.model.attention import (
 )
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.embeddings import sinusoidal_positions
+from transformer_jax.model.layers import FeedForward
 from transformer_jax.model.transformer import Decoder, Encoder, Transformer
 
 __all__ = [
     "Decoder",
     "Encoder",
+    "FeedForward",
     "MultiHeadAttention",
     "Transformer",
     "TransformerConfig",
+    "attention",
     "causal_mask",
+    "data",
+    "decoding",
+    "embeddings",
+    "ids",
     "kernels",
+    "layers",
     "padding_mask",
     "scaled_dot_product_attention",
     "sinusoidal_positions",
+    "training",
 ]
 __version__ = "0.1.0"

@@ -1,1 +1,2 @@
-"""Inference: decoding (greedy, beam), translation of lines, BLEU."""
+"""Inference: searches over a step function (greedy, beam, sampling), the Transformer's
+decoding, translation of lines, BLEU."""
