@@ -100,10 +100,17 @@ def test_train_throughput_cudnn_variant_needs_a_gpu():
 def test_decode_throughput_smoke():
     payload = _script("decode_throughput").main(["--smoke"])
     methods = [r["method"] for r in payload["results"]]
-    assert methods == ["greedy (cached)", "greedy (uncached)", "beam-2 (cached)"]
+    assert methods == [
+        "greedy (cached)",
+        "greedy (log-softmax)",
+        "greedy (uncached)",
+        "beam-2 (cached)",
+    ]
     # The EOS logit is suppressed, so every sentence emits all its tokens.
     assert all(r["output_tokens"] == 2 * 4 for r in payload["results"])
-    assert payload["greedy_cached_uncached_token_agreement"] == 1.0
+    (ratios,) = payload["ratios"]
+    assert ratios["greedy_cached_uncached_token_agreement"] == 1.0
+    assert ratios["log_softmax_greedy_token_agreement"] == 1.0
 
 
 def test_attention_smoke():
