@@ -21,6 +21,7 @@ import os
 import sys
 from typing import NoReturn
 
+import ml_collections
 from absl import app, flags, logging
 from ml_collections import config_flags
 
@@ -85,13 +86,27 @@ _PROCESS_ID = flags.DEFINE_integer(
 )
 
 
+def _load_config() -> ml_collections.ConfigDict:
+    """The config of ``--config`` with its overrides; one line and exit 2 if it fails."""
+    config_file = flags.FLAGS["config"].config_filename.partition(":")[0]
+    if not os.path.isfile(config_file):
+        _fail(f"--config file {config_file!r} does not exist", EXIT_USAGE)
+    try:
+        config = _CONFIG.value
+        config.get("train")  # a config file that failed to load fails here
+    except (OSError, KeyError, AttributeError, TypeError, ValueError) as e:
+        _config_error(e)
+    return config
+
+
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    config = _load_config()
     name = os.path.splitext(os.path.basename(flags.FLAGS["config"].config_filename))[0]
     workdir = _WORKDIR.value or os.path.join("runs", name)
     logging.set_verbosity(logging.WARNING)  # Orbax logs every file it writes at INFO
-    configure_process(_CONFIG.value.model.platform)  # CPU runtime settings; before JAX starts
+    configure_process(config.model.platform)  # CPU runtime settings; before JAX starts
     try:
         distributed.initialize(
             _MULTIHOST.value,
@@ -99,14 +114,6 @@ def main(argv: list[str]) -> None:
             num_processes=_NUM_PROCESSES.value,
             process_id=_PROCESS_ID.value,
         )
-        config_file = flags.FLAGS["config"].config_filename.partition(":")[0]
-        if not os.path.isfile(config_file):
-            _fail(f"--config file {config_file!r} does not exist", EXIT_USAGE)
-        try:
-            config = _CONFIG.value
-            config.get("train")  # a config file that failed to load fails here
-        except (OSError, KeyError, AttributeError, TypeError, ValueError) as e:
-            _config_error(e)
         result = train_and_evaluate(config, workdir)
     except (ValueError, FloatingPointError, OSError) as e:
         _fail(str(e), EXIT_ERROR)

@@ -144,7 +144,15 @@ def broken(workdir, tmp_path):
     no_checkpoint.mkdir()
     for name in ("config.json", "tokenizer.model"):
         shutil.copy(os.path.join(workdir, name), no_checkpoint)
-    return {"tokenizer": str(only_config), "checkpoint": str(no_checkpoint)}
+    truncated = tmp_path / "truncated_tokenizer"
+    shutil.copytree(workdir, truncated)
+    model = truncated / "tokenizer.model"
+    model.write_bytes(model.read_bytes()[:300])
+    return {
+        "tokenizer": str(only_config),
+        "checkpoint": str(no_checkpoint),
+        "truncated": str(truncated),
+    }
 
 
 @pytest.mark.parametrize(
@@ -154,6 +162,9 @@ def broken(workdir, tmp_path):
         ("translate", "tokenizer", "no tokenizer"),
         ("translate", "checkpoint", "checkpoint"),
         ("translate", "input", "input file"),
+        ("translate", "utf16", "UTF-16"),
+        ("translate", "truncated", "not a sentencepiece model"),
+        ("evaluate", "empty", "is empty"),
         ("evaluate", "workdir", "does not exist"),
         ("evaluate", "input", "does not exist"),
         ("average", "workdir", "does not exist"),
@@ -165,6 +176,12 @@ def test_errors_are_clear(workdir, broken, tmp_path, capsys, command, case, mess
     run = {"workdir": str(tmp_path / "missing"), **broken}.get(case, workdir)
     src = write(tmp_path / "src.txt", ["hello"])
     missing = str(tmp_path / "missing.txt")
+    if case == "empty":
+        src = write(tmp_path / "empty.txt", [])
+    if case == "utf16":
+        src = str(tmp_path / "utf16.txt")
+        with open(src, "wb") as f:
+            f.write("hello\n".encode("utf-16"))
     argv = {
         "translate": ["--workdir", run, "--input", missing if case == "input" else src],
         "evaluate": ["--workdir", run, "--src", missing if case == "input" else src, "--ref", src],

@@ -65,4 +65,8 @@ def decode_options(args: argparse.Namespace, run: Any) -> dict[str, Any]:
 def read_lines(path: str | None) -> list[str]:
     """Lines of the UTF-8 file ``path``, or of stdin when ``path`` is None
     (:func:`transformer_jax.data.sources.split_lines`)."""
-    return split_lines(sys.stdin.buffer.read(), "stdin") if path is None else read_lines_of(path)
+    if path is None:
+        return split_lines(sys.stdin.buffer.read(), "stdin")
+    if not os.path.isfile(path):
+        raise ValueError(f"input file {path!r} does not exist")
+    return read_lines_of(path)

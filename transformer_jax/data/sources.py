@@ -59,9 +59,18 @@ def text_path(text_dir: str, split: str, lang: str) -> str:
     )
 
 
+def _is_utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 def split_lines(data: bytes, name: str) -> list[str]:
-    """The lines of UTF-8 text ``data`` (a byte-order mark dropped); ValueError naming ``name``
-    for UTF-16/32, binary (NUL bytes) or other non-UTF-8 data.
+    """The lines of UTF-8 text ``data``, a byte-order mark dropped and a few undecodable
+    bytes replaced by U+FFFD; ValueError naming ``name`` for UTF-16/32, binary (NUL bytes)
+    or text in another encoding (undecodable bytes on over 1% of the lines, and over 10).
 
     Lines end only at ``\\n`` (or ``\\r\\n``), not at the other separators
     ``str.splitlines`` knows, so line N of two parallel files stays aligned.
@@ -71,15 +80,18 @@ def split_lines(data: bytes, name: str) -> list[str]:
     if b"\x00" in data:
         raise ValueError(f"{name} holds NUL bytes: it is binary or UTF-16/32, not UTF-8 text")
     try:
-        text = data.decode("utf-8").removeprefix("\ufeff")
-    except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        raise ValueError(
-            f"{name} is not UTF-8: byte {data[e.start]:#04x} at line {line} cannot be decoded"
-        ) from None
-    lines = text.split("\n")
+        text, bad = data.decode("utf-8"), []
+    except UnicodeDecodeError:
+        text = data.decode("utf-8", errors="replace")
+        bad = [i for i, raw in enumerate(data.split(b"\n")) if not _is_utf8(raw)]
+    lines = text.removeprefix("\ufeff").split("\n")
     if lines[-1] == "":
         lines.pop()
+    if len(bad) > max(10, len(lines) // 100):
+        raise ValueError(
+            f"{name} is not UTF-8: {len(bad)} of its {len(lines)} lines hold undecodable bytes "
+            f"(the first is line {bad[0] + 1}); convert it to UTF-8"
+        )
     return [line.removesuffix("\r") for line in lines]
 
 

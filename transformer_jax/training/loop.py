@@ -128,6 +128,7 @@ class _Trainer:
                 self.update(step)
                 bar.update(1)
                 requests = signals.poll()
+                self.run.checkpointer.check()  # a failed asynchronous save stops the run now
                 last = step == train.num_steps
                 log_now = step % train.log_every == 0 or last
                 save_now = bool(train.checkpoint_every and step % train.checkpoint_every == 0)
