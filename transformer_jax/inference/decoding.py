@@ -206,7 +206,9 @@ def _check(
     return config, src.astype(jnp.int32), max_len
 
 
-def _limits(src: Array, config: TransformerConfig, max_len: int, max_extra_len: int) -> Array:
+def _source_limits(
+    src: Array, config: TransformerConfig, max_len: int, max_extra_len: int
+) -> Array:
     """Per-sentence output limits: source length (padding excluded) + ``max_extra_len``."""
     return jnp.minimum(jnp.sum(src != config.pad_id, axis=1) + max_extra_len, max_len)
 
@@ -224,7 +226,7 @@ def _greedy(params, src, config, max_len, max_extra_len, min_len, bos_id, eos_id
         eos_id=eos_id,
         pad_id=config.pad_id,
         min_len=min_len,
-        limits=_limits(src, config, max_len, max_extra_len),
+        limits=_source_limits(src, config, max_len, max_extra_len),
     )
 
 
@@ -244,7 +246,7 @@ def _beam(
         eos_id=eos_id,
         pad_id=config.pad_id,
         min_len=min_len,
-        limits=_limits(src, config, max_len, max_extra_len),
+        limits=_source_limits(src, config, max_len, max_extra_len),
         cache_batch_axis=1 if config.scan_layers else 0,  # scanned caches: [layers, rows, ...]
     )
 
@@ -266,5 +268,5 @@ def _sample(
         eos_id=eos_id,
         pad_id=config.pad_id,
         min_len=min_len,
-        limits=_limits(src, config, max_len, max_extra_len),
+        limits=_source_limits(src, config, max_len, max_extra_len),
     )

@@ -108,11 +108,12 @@ def make_batch(
         raise ValueError("make_batch needs at least one row")
     batch = {}
     for key, value in rows.items():
-        width = max(map(len, value)) if length is None else length
-        if width < 1 or max(map(len, value)) > width:
-            raise ValueError(
-                f"{key} rows of up to {max(map(len, value))} ids exceed length={width}"
-            )
+        longest = max(map(len, value))
+        width = longest if length is None else length
+        if longest == 0:
+            raise ValueError(f"{key}: every row is empty")
+        if longest > width:
+            raise ValueError(f"{key} rows of up to {longest} ids exceed length={width}")
         out = np.full((len(value), width), pad_id, np.int32)
         for r, ids in enumerate(value):
             out[r, : len(ids)] = ids
