@@ -14,6 +14,7 @@ of a datasheet peak.
 (JAX, torch, JAX, torch, ...) so that both see the same machine load.
 
 ``--variants`` times library options side by side in one process (see ``VARIANTS``),
+``--kernels xla,cpu`` each of them with each kernel set (``transformer_jax.kernels``),
 ``--compile`` the first step of a fresh process (wall and CPU seconds), and ``--dot-floor``
 every matrix product of each compiled step alone (``benchmarks/dot_floor.py``): the step's
 time if nothing else cost anything, against the step and PyTorch's.
@@ -21,6 +22,7 @@ time if nothing else cost anything, against the step and PyTorch's.
     python benchmarks/train_throughput.py                       # small
     python benchmarks/train_throughput.py --configs small,base --vs-torch --json out.json
     python benchmarks/train_throughput.py --variants default,unsafe_rbg,no-dropout,fused
+    python benchmarks/train_throughput.py --variants default,bf16-matmul --kernels xla,cpu
     python benchmarks/train_throughput.py --configs small,base --vs-torch --dot-floor
     python benchmarks/train_throughput.py --configs base-25k --variants bf16-cudnn,bf16 \
         --peak-tflops 989 --steps 10   # GPU (H100/H200: 989 dense bf16 TFLOP/s)
@@ -117,10 +119,11 @@ class JaxStep:
     """The library's jitted ``train_step`` on one fixed batch; ``run(n)`` times n steps.
 
     ``variant`` (a key of ``VARIANTS``) changes model fields, the dropout key's PRNG
-    implementation (a typed key as the state's ``rng``) or the parallel wrapper.
+    implementation (a typed key as the state's ``rng``) or the parallel wrapper;
+    ``kernels`` is ``TransformerConfig.kernels``.
     """
 
-    def __init__(self, setting: Setting, variant: str = "default") -> None:
+    def __init__(self, setting: Setting, variant: str = "default", kernels: str = "auto") -> None:
         import jax
 
         from transformer_jax import Transformer, TransformerConfig
@@ -132,6 +135,7 @@ class JaxStep:
         options = VARIANTS[variant]
         fields = {**setting.model, **options.get("model", {})}
         fields["dtype"] = to_dtype(fields.get("dtype", "float32"))
+        fields["kernels"] = kernels
         self.config = TransformerConfig(**fields)
         model = Transformer(self.config)
         batch = random_batch(setting)
@@ -232,12 +236,15 @@ def measure(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     workers: dict[str, Any] = {}
     first: dict[str, dict[str, float]] = {}
     precision: dict[str, str] = {}
+    kernel_sets = args.kernels.split(",")
     for variant in args.variants.split(","):
-        workers[variant] = JaxStep(setting, variant)  # parameters and Adam state, untimed
-        wall, cpu = time.perf_counter(), time.process_time()
-        workers[variant].step()  # traces, compiles and runs the step
-        first[variant] = {"wall": time.perf_counter() - wall, "cpu": time.process_time() - cpu}
-        precision[variant] = precision_of(variant)
+        for kernels in kernel_sets:
+            key = variant if kernel_sets == ["auto"] else f"{variant} [{kernels}]"
+            workers[key] = JaxStep(setting, variant, kernels)  # parameters, Adam state: untimed
+            wall, cpu = time.perf_counter(), time.process_time()
+            workers[key].step()  # traces, compiles and runs the step
+            first[key] = {"wall": time.perf_counter() - wall, "cpu": time.process_time() - cpu}
+            precision[key] = precision_of(variant)
     if args.vs_torch:  # one torch process per matmul precision the variants use
         for p in dict.fromkeys(precision.values()):
             key = "torch" if p == "float32" else "torch bf16-matmul"
@@ -385,6 +392,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--variants", default="default", help=f"comma list of JAX variants {list(VARIANTS)}"
     )
+    parser.add_argument(
+        "--kernels",
+        default="auto",
+        help="comma list of kernel sets (auto, xla, cpu): each variant is timed with each",
+    )
     parser.add_argument("--vs-torch", action="store_true", help="also time torch.nn.Transformer")
     parser.add_argument("--torch-threads", type=int, default=os.cpu_count())
     parser.add_argument(
@@ -422,6 +434,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for variant in args.variants.split(","):
         if variant not in VARIANTS:
             raise ValueError(f"--variants: {variant!r} is not one of {list(VARIANTS)}")
+    for kernels in args.kernels.split(","):
+        if kernels not in ("auto", "xla", "cpu"):
+            raise ValueError(f"--kernels: {kernels!r} is not one of ['auto', 'xla', 'cpu']")
     for flag in ("steps", "rounds"):
         if getattr(args, flag) < 1:
             raise ValueError(f"--{flag} must be >= 1")
@@ -442,6 +457,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             raise ValueError(
                 f"--variants: {variant!r} (cuDNN attention) needs a GPU; the JAX backend "
                 f"here is {info['backend']!r}"
+            )
+        bf16_products = VARIANTS[variant].get("model", {}).get("matmul_precision") == "bfloat16"
+        if bf16_products and "xla" in args.kernels.split(",") and info["backend"] == "cpu":
+            raise ValueError(
+                f"--variants: {variant!r} with --kernels xla does not train on XLA:CPU (it "
+                "rejects some bfloat16 products with float32 results); use --kernels cpu"
             )
     size = 256 if args.smoke else 8192 if info["backend"] == "gpu" else 2048
     precisions = list(dict.fromkeys(precision_of(v) for v in args.variants.split(",")))

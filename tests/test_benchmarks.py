@@ -97,6 +97,14 @@ def test_train_throughput_cudnn_variant_needs_a_gpu():
         _script("train_throughput").main(["--smoke", "--variants", "default,bf16-cudnn"])
 
 
+def test_train_throughput_kernels_ab_smoke():
+    """``--kernels xla,cpu``: each variant with each kernel set, one row each."""
+    payload = _script("train_throughput").main(["--smoke", "--kernels", "xla,cpu"])
+    assert [r["variant"] for r in payload["results"]] == ["default [xla]", "default [cpu]"]
+    with pytest.raises(ValueError, match="--kernels: 'fast'"):
+        _script("train_throughput").main(["--smoke", "--kernels", "fast"])
+
+
 def test_decode_throughput_smoke():
     payload = _script("decode_throughput").main(["--smoke"])
     methods = [r["method"] for r in payload["results"]]

@@ -2,12 +2,11 @@
 
 Every step XLA's CPU runtime allocates its output and temporary buffers (hundreds of MB
 for the base model) and frees them when the step ends. glibc serves such large requests
-with fresh ``mmap`` pages and unmaps them on free, so each step faults its whole working
-set in again; on the project's 2-core VMs a jitted op writing a fresh 64 MB output ran at
-6 GB/s against 60 GB/s in place. :func:`retain_freed_memory` makes glibc serve every
-request from its one main heap (one arena, no ``mmap``) and never trim it, so later steps
-reuse mapped pages: the training step is ~1.15x faster (``benchmarks/train_throughput.py
---system-malloc`` measures without it). The price: the process keeps its peak heap size.
+with fresh ``mmap`` pages and unmaps them on free, so each step would fault its whole
+working set in again. :func:`retain_freed_memory` makes glibc serve every request from its
+one main heap (one arena, no ``mmap``) and never trim it, so later steps reuse mapped
+pages (``benchmarks/train_throughput.py --system-malloc`` measures without it). The price:
+the process keeps its peak heap size.
 """
 
 from __future__ import annotations

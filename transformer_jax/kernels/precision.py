@@ -49,9 +49,9 @@ def plain_product(spec: str, a: Array, b: Array, precision: str) -> Array:
 def bfloat16_product(spec: str, a: Array, b: Array) -> Array:
     """The product of bfloat16 ``a`` and ``b``, accumulated and returned in float32.
 
-    XLA:CPU (jaxlib 0.10.2) rejects some of these products at run time when it stores
-    the float32 result transposed ("Unsupported element type for DotThunk::Execute"): in
-    the derivative of attention's ``Q K^T``. The ``cpu`` kernel set lays them out itself.
+    XLA:CPU rejects some of these products at run time when it stores the float32 result
+    transposed ("Unsupported element type for DotThunk::Execute"), as in the derivative of
+    attention's ``Q K^T``; the ``cpu`` kernel set lays them out itself.
     """
     return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
 

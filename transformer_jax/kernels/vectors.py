@@ -2,11 +2,9 @@
 
 XLA compiles its elementwise fusions (LayerNorm, softmax, dropout, Adam, layout copies)
 with LLVM, and by default asks it for 256-bit vectors (``--xla_cpu_prefer_vector_width=256``)
-even on AVX-512 CPUs. With 512 on the project's 2-core AVX-512 VMs the ``small`` float32
-training step ran 1.04-1.08x as fast (five alternating pairs of processes), ``base``
-1.01-1.03x, ``base`` with bfloat16 products 1.02-1.05x (``small``: 0.99x); the matrix
-products run in libraries that choose their own vectors. :func:`prefer_wide_vectors`
-sets it for this process unless ``XLA_FLAGS`` already chooses a width.
+even on AVX-512 CPUs; the matrix products run in libraries that choose their own vectors.
+:func:`prefer_wide_vectors` sets 512 for this process unless ``XLA_FLAGS`` already chooses
+a width (``benchmarks/README.md`` has what it is worth).
 """
 
 from __future__ import annotations
