@@ -19,7 +19,7 @@ Ctrl-C (SIGINT; saved like SIGTERM, a second Ctrl-C stops at once).
 
 import os
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import ml_collections
 from absl import app, flags, logging
@@ -86,6 +86,20 @@ _PROCESS_ID = flags.DEFINE_integer(
 )
 
 
+def _quiet_orbax() -> None:
+    """Leave a failed save to the loop's one line: Orbax logs it from each writer thread, and
+    asyncio prints "Event loop is closed" once per write still pending."""
+    logging.get_absl_handler().addFilter(lambda record: "orbax" not in record.pathname)
+    default = sys.unraisablehook
+
+    def unraisablehook(unraisable: Any) -> None:
+        value = unraisable.exc_value
+        if not (isinstance(value, RuntimeError) and str(value) == "Event loop is closed"):
+            default(unraisable)
+
+    sys.unraisablehook = unraisablehook
+
+
 def _load_config() -> ml_collections.ConfigDict:
     """The config of ``--config`` with its overrides; one line and exit 2 if it fails."""
     config_file = flags.FLAGS["config"].config_filename.partition(":")[0]
@@ -106,6 +120,7 @@ def main(argv: list[str]) -> None:
     name = os.path.splitext(os.path.basename(flags.FLAGS["config"].config_filename))[0]
     workdir = _WORKDIR.value or os.path.join("runs", name)
     logging.set_verbosity(logging.WARNING)  # Orbax logs every file it writes at INFO
+    _quiet_orbax()
     configure_process(config.model.platform)  # CPU runtime settings; before JAX starts
     try:
         distributed.initialize(

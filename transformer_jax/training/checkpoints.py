@@ -19,7 +19,9 @@ import jax
 import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 
+from transformer_jax.training.distributed import any_process
 from transformer_jax.training.steps import TrainState
 
 CHECKPOINT_DIR = "checkpoints"
@@ -129,18 +131,18 @@ class Checkpointer:
             )
         self.check()
         train = _train_items(state)
-        self.manager.save(
-            step,
-            args=ocp.args.Composite(
-                params=ocp.args.StandardSave(state.params),
-                train=ocp.args.StandardSave(train),
-                data=ocp.args.JsonSave(data),
-                checksums=ocp.args.JsonSave(
-                    {"params": checksums(state.params), "train": checksums(train)}
-                ),
+        args = ocp.args.Composite(
+            params=ocp.args.StandardSave(state.params),
+            train=ocp.args.StandardSave(train),
+            data=ocp.args.JsonSave(data),
+            checksums=ocp.args.JsonSave(
+                {"params": checksums(state.params), "train": checksums(train)}
             ),
-            force=True,
         )
+        try:  # waits for the previous save, and raises its error
+            self.manager.save(step, args=args, force=True)
+        except Exception as e:  # noqa: BLE001 - whatever the writer threads raised
+            raise self._failed(e) from None
         self.saving = step
 
     def check(self) -> None:
@@ -151,7 +153,7 @@ class Checkpointer:
             raise self._failed(e) from None
 
     def _failed(self, error: Exception) -> OSError:
-        first = str(error).splitlines()[0] if str(error) else ""
+        first = str(error).splitlines()[0][:300] if str(error) else ""
         return OSError(
             f"saving checkpoint {self.saving} in {self.directory} failed: "
             f"{type(error).__name__}: {first}"
@@ -173,6 +175,7 @@ class Checkpointer:
         """
         template = {"params": state.params, "train": _train_items(state)}
         for step in sorted(self.manager.all_steps(), reverse=True):
+            error = None
             try:
                 self._check_shapes(step, template)
                 restored = self.manager.restore(
@@ -187,7 +190,10 @@ class Checkpointer:
             except CheckpointMismatch:
                 raise
             except Exception as e:  # noqa: BLE001 - any unreadable checkpoint: try the previous
-                self._set_aside(step, e)
+                error = e
+            (unreadable,) = any_process([error is not None])()  # all processes take one step
+            if unreadable:
+                self._set_aside(step, error)
                 continue
             return state.replace(params=restored["params"], **restored["train"]), restored["data"]
         return None
@@ -219,14 +225,18 @@ class Checkpointer:
                 if saved[name].get(key) != value:
                     raise ValueError(f"checksum mismatch in {name}{key}")
 
-    def _set_aside(self, step: int, error: Exception) -> None:
+    def _set_aside(self, step: int, error: Exception | None) -> None:
         """Rename an unreadable step to a free ``{step}.unreadable[.N]`` so that it is neither
-        used nor overwritten, and say exactly what was done."""
+        used nor overwritten, and say exactly what was done (``error`` None: another process
+        could not read it). Every process calls it; all see the rename when it returns."""
         path = os.path.join(self.directory, str(step))
         aside, n = f"{path}.unreadable", 1
         while os.path.exists(aside):
             aside, n = f"{path}.unreadable.{n}", n + 1
-        reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+        if error is None:
+            reason = "on another process"
+        else:
+            reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
         if jax.process_index() != 0:
             done = "process 0 sets it aside"
         else:
@@ -235,6 +245,8 @@ class Checkpointer:
                 done = f"moved it to {aside}"
             except OSError as e:
                 done = f"could not move it aside ({e.strerror})"
+        if jax.process_count() > 1:
+            multihost_utils.sync_global_devices(f"checkpoint {step} set aside")
         self.manager.reload()
         print(
             f"warning: checkpoint {step} in {self.directory} is unreadable ({reason[:300]}); "
