@@ -20,6 +20,8 @@ def get_config():
     config.model.max_len = 64
 
     config.data.source = "synthetic"
+    config.data.src_lang = "en"  # the embedded task: English-like sentences ...
+    config.data.tgt_lang = "lantic"  # ... into Lantic (transformer_jax.data.synthetic)
     config.data.max_len = 64
     config.data.tokens_per_batch = 2048
     config.data.packing = True  # one batch shape: one compilation (buckets would need 8)
