@@ -427,3 +427,23 @@ def test_sigkill_of_one_process_then_a_relaunch_resumes(two_processes, tmp_path)
     for out in outs:
         assert f"resuming from the checkpoint at step {max(saved)}" in out, out[-3000:]
     assert_same_run(workdir, reference)
+
+
+@pytest.mark.slow
+def test_an_unreadable_checkpoint_is_set_aside_once_with_one_line_per_process(
+    two_processes, tmp_path
+):
+    launch, reference, _ = two_processes
+    workdir = tmp_path / "run"
+    shutil.copytree(reference, workdir)
+    for root, _, files in os.walk(workdir / "checkpoints" / "16" / "params"):
+        for name in files:
+            if "ocdbt.process_" in root:
+                os.truncate(os.path.join(root, name), 10)
+    outs = launch.run(workdir)
+    for out in outs:
+        assert "Traceback" not in out and out.count("warning:") == 1, out
+        assert "warning: checkpoint 16 in" in out and "is unreadable" in out
+        assert "resuming from the checkpoint at step 12" in out
+    assert "16.unreadable" in os.listdir(workdir / "checkpoints")
+    assert_same_run(workdir, reference)
