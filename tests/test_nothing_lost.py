@@ -208,6 +208,12 @@ def test_an_empty_eval_split_fails_before_the_first_step(prepared, tmp_path):  #
     workdir = workdir_from(prepared, tmp_path / "run")
     with pytest.raises(ValueError, match="data.eval_split='validation' has no pair"):
         loop.train_and_evaluate(config, workdir)
+    write_text_split(text, "validation", synthetic_pairs("validation")[:5])
+    with open(text / "test.en", "a") as f:  # the test split, needed only at the end
+        f.write("one line too many\n")
+    config.train.final_test = True
+    with pytest.raises(ValueError, match="test.en has 6 lines"):
+        loop.train_and_evaluate(config, workdir)
     assert not os.path.exists(os.path.join(workdir, "checkpoints", "1"))
     assert not os.path.exists(os.path.join(workdir, "metrics.jsonl"))
 

@@ -133,6 +133,7 @@ def test_train_end_to_end_then_resume_says_complete(prepared, tmp_path, capsys):
     result = train_and_evaluate(config, workdir)
     out = capsys.readouterr().out
     assert result["complete"] and result["step"] == 6
+    assert "evaluating step 6 on validation ..." in out and "evaluating step 6 on test" in out
     assert "test (4 sentences)" in out and "bleu" in out and "translation:" in out
     assert np.isfinite(result["test_bleu"]) and np.isfinite(result["eval_perplexity"])
     records = read_metrics(workdir)
@@ -160,7 +161,8 @@ def test_train_end_to_end_then_resume_says_complete(prepared, tmp_path, capsys):
         checkpoints.load_run(workdir, 5)
     again = train_and_evaluate(config, workdir)
     assert again == {"step": 6, "complete": True}
-    assert "is complete" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "is complete" in out and "resuming" not in out
 
 
 def test_sigkill_then_resume_matches_an_uninterrupted_run_and_sigterm_saves(prepared, tmp_path):
@@ -278,7 +280,12 @@ def test_tfds_source_end_to_end_with_mock_data(tmp_path):
     tfds = pytest.importorskip("tensorflow_datasets")
     config, _ = micro_config(tmp_path, steps=2, every=2)
     config.data.update(
-        source="tfds", tfds_name="wmt14_translate/de-en", max_len=64, tokenizer_train_sentences=200
+        source="tfds",
+        tfds_name="wmt14_translate/de-en",
+        src_lang="en",
+        tgt_lang="de",
+        max_len=64,
+        tokenizer_train_sentences=200,
     )
     config.train.update(final_test=True, test_sentences=2, samples=1)
     config.decode.update(beam_size=1)

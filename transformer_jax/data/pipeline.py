@@ -20,7 +20,7 @@ import jax
 import numpy as np
 
 from transformer_jax.data.batching import Batch, Batcher, EncodedPairs, TrainIterator, eval_batches
-from transformer_jax.data.sources import load_pairs
+from transformer_jax.data.sources import load_pairs, text_path
 from transformer_jax.data.tokenizer import Tokenizer, load_tokenizer, train_tokenizer
 
 TOKENIZER_FILE = "tokenizer.model"
@@ -51,6 +51,10 @@ def _cache_key(data_config: Any, split: str, tokenizer: Tokenizer) -> str:
     fields = ("source", "tfds_name", "text_dir", "src_lang", "tgt_lang")
     origin = {name: data_config.get(name) for name in fields}
     origin.update(split=split, tokenizer=tokenizer.fingerprint)
+    if data_config.source == "text":  # an edited file is encoded again
+        langs = (data_config.src_lang, data_config.tgt_lang)
+        stats = [os.stat(text_path(data_config.text_dir, split, lang)) for lang in langs]
+        origin["files"] = [(stat.st_size, stat.st_mtime_ns) for stat in stats]
     return hashlib.sha1(json.dumps(origin, sort_keys=True).encode()).hexdigest()[:16]
 
 
