@@ -20,7 +20,7 @@ Pair = tuple[str, str]
 
 def evaluate_loss(dp: DataParallel, params: Any, batches: list[dict]) -> dict[str, float]:
     """Loss, accuracy and perplexity over ``batches`` (exact token-weighted averages)."""
-    sums = {"loss": 0.0, "nll": 0.0, "tokens": 0.0, "correct": 0.0}
+    sums = dict.fromkeys(("loss", "cross_entropy", "nll", "tokens", "correct"), 0.0)
     for batch in batches:
         metrics = jax.device_get(dp.eval_step(params, batch))
         for key in sums:

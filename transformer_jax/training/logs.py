@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from transformer_jax.data.batching import Batch, token_counts
+from transformer_jax.training.distributed import sum_over_processes
 from transformer_jax.training.loss import summarize
 
 METRICS_FILE = "metrics.jsonl"
@@ -71,7 +72,7 @@ class MetricsWindow:
     ``grad_norm`` is logged as the mean per step.
     """
 
-    KEYS = ("loss", "nll", "tokens", "correct", "grad_norm", "steps")
+    KEYS = ("loss", "cross_entropy", "nll", "tokens", "correct", "grad_norm", "steps")
 
     def __init__(self) -> None:
         self.reset()
@@ -94,13 +95,15 @@ class MetricsWindow:
         return self.real_tokens / max(time.perf_counter() - self.started, 1e-9)
 
     def record(self, learning_rate: float) -> dict[str, float]:
-        """The log record of the window (then empty)."""
+        """The log record of the window (then empty). Its token counts are those of every
+        process's batches (a collective: all processes call it at the same step)."""
+        real, slots = sum_over_processes([self.real_tokens, self.slots])()
         record = summarize(self.sums)
         record.update(
             grad_norm=self.sums["grad_norm"] / max(self.sums["steps"], 1.0),
             learning_rate=learning_rate,
-            tokens_per_sec=self.tokens_per_sec(),
-            padding_efficiency=self.real_tokens / max(self.slots, 1),
+            tokens_per_sec=real / max(time.perf_counter() - self.started, 1e-9),
+            padding_efficiency=real / max(slots, 1),
         )
         self.reset()
         return record
