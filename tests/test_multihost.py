@@ -345,6 +345,11 @@ def test_two_processes_equal_one_process_with_two_devices(two_processes, tmp_pat
     launch.run(prepared(reference, tmp_path / "one"), num_processes=1)
     assert_same_run(tmp_path / "one", reference)
 
+    def padding(workdir):  # the token counts of every process's batches
+        return [r["padding_efficiency"] for r in read_metrics(str(workdir)) if "loss" in r]
+
+    assert padding(reference) == padding(tmp_path / "one")
+
 
 @pytest.mark.slow
 def test_shard_map_with_accumulation_two_processes_equal_one(two_processes, tmp_path):

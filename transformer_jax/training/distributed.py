@@ -125,18 +125,22 @@ def _sum_over_processes() -> tuple[NamedSharding, Callable[[jax.Array], jax.Arra
     return NamedSharding(mesh, P("processes")), total
 
 
-def any_process(flags: Sequence[bool]) -> Callable[[], tuple[bool, ...]]:
-    """Start ORing ``flags`` over all processes; the returned function gives the result.
-
-    Every process must call it at the same point (it is a collective). The result is
-    read later, so that the collective overlaps the step dispatched in between.
-    """
-    local = np.asarray([flags], np.int32)
+def sum_over_processes(values: Sequence[int]) -> Callable[[], tuple[int, ...]]:
+    """Start summing ``values`` (int32) over all processes; the returned function gives
+    the sums. Every process must call it at the same point (it is a collective); the result
+    is read later, so that the collective overlaps what is dispatched in between."""
+    local = np.asarray([values], np.int32)
     if jax.process_count() == 1:
-        return lambda: tuple(bool(v) for v in local[0])
+        return lambda: tuple(int(v) for v in local[0])
     sharding, total = _sum_over_processes()
     summed = total(jax.make_array_from_process_local_data(sharding, local))
-    return lambda: tuple(bool(v) for v in np.asarray(summed.addressable_data(0)))
+    return lambda: tuple(int(v) for v in np.asarray(summed.addressable_data(0)))
+
+
+def any_process(flags: Sequence[bool]) -> Callable[[], tuple[bool, ...]]:
+    """Start ORing ``flags`` over all processes, like :func:`sum_over_processes`."""
+    sums = sum_over_processes([int(bool(f)) for f in flags])
+    return lambda: tuple(v > 0 for v in sums())
 
 
 def from_process_zero(make: Callable[[], bytes]) -> bytes:
