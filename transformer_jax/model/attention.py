@@ -67,9 +67,10 @@ def attention_weights(
     :mod:`transformer_jax.kernels.precision`; ``kernels``: the kernel set.
     """
     scale = q.shape[-1] ** -0.5
-    ops = _kernels.ops(kernels)
-    scores = ops.einsum(
-        "bqhd,bkhd->bhqk", q, k, matmul_precision, preferred_element_type=jnp.float32
+    # bfloat16 inputs, float32 scores: the derivative's products stay on bfloat16 operands
+    arithmetic = "bfloat16" if q.dtype == jnp.bfloat16 else matmul_precision
+    scores = _kernels.ops(kernels).einsum(
+        "bqhd,bkhd->bhqk", q, k, arithmetic, preferred_element_type=jnp.float32
     )
     scores = scores * scale
     if mask is None:
