@@ -6,7 +6,8 @@
 (SLURM, Open MPI, Kubernetes). A process started by a multi-process launcher without the
 switch is refused: it would train as an independent job in a shared workdir.
 ``any_process`` ORs per-step flags (SIGTERM, SIGUSR1) over all processes, so that every
-process stops or saves at the same step; ``from_process_zero`` runs a computation on
+process stops or saves at the same step, and ``sum_over_processes`` adds up what each
+process counted (the logged token counts); ``from_process_zero`` runs a computation on
 process 0 alone (the tokenizer, which only process 0 writes) and hands its bytes, or its
 error, to all; ``entered_by_process_zero`` likewise takes the workdir's lock.
 """
@@ -78,8 +79,7 @@ def launch_arguments(
     ValueError, naming the flags, when the values cannot be complete or when a launcher
     started several processes without the switch.
     """
-    given = {"coordinator_address": coordinator_address, "num_processes": num_processes}
-    given["process_id"] = process_id
+    given = dict(zip(LAUNCH_FLAGS, (coordinator_address, num_processes, process_id), strict=True))
     if not multihost and all(v is None for v in given.values()):
         found = launcher(environ)
         if found:
