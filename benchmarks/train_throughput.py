@@ -458,7 +458,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 f"--variants: {variant!r} (cuDNN attention) needs a GPU; the JAX backend "
                 f"here is {info['backend']!r}"
             )
-        bf16_products = VARIANTS[variant].get("model", {}).get("matmul_precision") == "bfloat16"
+        bf16_products = precision_of(variant) == "bfloat16"
         if bf16_products and "xla" in args.kernels.split(",") and info["backend"] == "cpu":
             raise ValueError(
                 f"--variants: {variant!r} with --kernels xla does not train on XLA:CPU (it "

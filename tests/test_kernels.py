@@ -141,3 +141,8 @@ def test_run_configs_that_cannot_work_are_refused_before_compiling():
     config.model.update(kernels="xla", matmul_precision="bfloat16", platform="cpu")
     with pytest.raises(ValueError, match="does not train on XLA:CPU"):
         validate_config(config)
+    config.model.update(matmul_precision="float32", dtype="bfloat16")
+    with pytest.raises(ValueError, match="does not train on XLA:CPU"):
+        validate_config(config)
+    config.model.kernels = "auto"
+    assert validate_config(config).kernel_set == "cpu"

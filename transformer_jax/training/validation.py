@@ -6,6 +6,7 @@ import math
 import os
 from typing import Any
 
+import jax.numpy as jnp
 import ml_collections
 
 from transformer_jax.data.sources import SOURCES
@@ -90,12 +91,11 @@ def validate_config(config: ml_collections.ConfigDict) -> TransformerConfig:
             f"data.max_len={data.max_len} must be a multiple of 8 with "
             "model.attention_impl='cudnn' (cuDNN's sequence lengths; the buckets below it are)"
         )
-    if model.kernel_set == "xla" and model.matmul_precision == "bfloat16" and (
-        model.target_platform == "cpu"
-    ):
+    bfloat16_products = model.matmul_precision == "bfloat16" or model.dtype == jnp.bfloat16
+    if model.kernel_set == "xla" and bfloat16_products and model.target_platform == "cpu":
         raise ValueError(
-            "model.kernels='xla' with model.matmul_precision='bfloat16' does not train on "
-            "XLA:CPU (it rejects some of these products); use model.kernels='auto' or 'cpu'"
+            "model.kernels='xla' with bfloat16 products (model.dtype or matmul_precision) does "
+            "not train on XLA:CPU (it rejects some of them); use model.kernels='auto' or 'cpu'"
         )
     if data.max_len > model.max_len:
         raise ValueError(
