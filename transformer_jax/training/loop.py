@@ -4,9 +4,10 @@
 the newest good checkpoint, and ends with loss, perplexity and BLEU on the test split.
 Step ``s`` (counted from 1) uses the dropout key ``fold_in(seed_key, s)`` and the batch
 after the saved iterator position, so a resumed run repeats an uninterrupted one exactly.
-SIGTERM makes the loop checkpoint and exit after the current step; SIGUSR1 makes it save
-the current parameters in ``{workdir}/snapshots/{step}`` and go on (translate and evaluate
-load them with ``--checkpoint snapshots/STEP``).
+SIGTERM and SIGINT (Ctrl-C) make the loop checkpoint and return after the current step;
+SIGUSR1 makes it save the current parameters in ``{workdir}/snapshots/{step}`` and go on
+(translate and evaluate load them with ``--checkpoint snapshots/STEP``); see
+:mod:`transformer_jax.training.signals`.
 """
 
 from __future__ import annotations
