@@ -1,16 +1,16 @@
 """Orbax checkpoints of a training run, and loading trained parameters back.
 
-``{workdir}/checkpoints/{step}/`` holds three items: ``params``; ``train`` (optimizer
-state, step and base dropout key); ``data`` (the training iterator position, JSON).
-Orbax writes each step into a temporary directory and renames it when complete, so a
-run killed mid-save leaves its previous checkpoints intact; a checkpoint that still
-fails to restore is reported and the one before it is used.
+``{workdir}/checkpoints/{step}/`` holds four items: ``params``; ``train`` (optimizer
+state, step and base dropout key); ``data`` (the training iterator position, JSON);
+``checksums`` (the CRC-32 of every array, JSON). Orbax writes each step into a temporary
+directory and renames it when complete, so a run killed mid-save leaves its previous
+checkpoints intact; a checkpoint that still fails to restore, or to match its checksums,
+is set aside and the one before it is used (see :class:`Checkpointer`).
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import os
 import zlib
 from typing import Any
@@ -28,8 +28,6 @@ CHECKPOINT_DIR = "checkpoints"
 AVERAGED_DIR = "averaged"
 SNAPSHOT_DIR = "snapshots"
 CONFIG_FILE = "config.json"
-
-log = logging.getLogger(__name__)
 
 
 def _train_items(state: TrainState) -> dict[str, Any]:
