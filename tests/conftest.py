@@ -6,11 +6,21 @@ they change with ``TINY_CONFIG.replace(...)``; tests take the ``tiny_config`` an
 Nothing here starts a JAX backend at import: tests that set ``XLA_FLAGS`` still can.
 """
 
+import os
+
 import numpy as np
 import pytest
 
 from transformer_jax import TransformerConfig
 from transformer_jax.ids import BOS_ID, EOS_ID, PAD_ID
+
+# The suite compiles hundreds of small XLA programs and runs each a few times: LLVM's
+# optimisation of their CPU code costs more than it saves (a quarter to a third of the
+# suite's CPU time). Read when JAX starts its backend; subprocesses and notebook kernels
+# inherit it. A level set by the user is kept.
+if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+    flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0"
+    os.environ["XLA_FLAGS"] = flags.strip()
 
 # Two heads and two layers per stack (so that per-head and per-layer behaviour is visible),
 # small enough to compile in about a second.
@@ -30,7 +40,7 @@ def tiny_config() -> TransformerConfig:
     return TINY_CONFIG
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def tiny_batch() -> dict[str, np.ndarray]:
     """Two pairs, the second padded: ``src`` (ends with EOS), ``tgt_in`` (starts with BOS),
     ``tgt_out`` (``tgt_in`` shifted by one, ends with EOS), ids below ``TINY_CONFIG.vocab_size``."""

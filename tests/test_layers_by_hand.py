@@ -54,18 +54,18 @@ def as_numpy(tree):
     return jax.tree.map(lambda a: np.asarray(a, np.float64), tree)
 
 
-def test_feed_forward_is_equation_2():
-    x = jax.random.normal(jax.random.key(1), (2, 5, TINY_CONFIG.d_model))
-    module = FeedForward(TINY_CONFIG)
+def test_feed_forward_is_equation_2(tiny_config):
+    x = jax.random.normal(jax.random.key(1), (2, 5, tiny_config.d_model))
+    module = FeedForward(tiny_config)
     params = random_like(module.init(jax.random.key(0), x)["params"])
     got = jax.jit(module.apply)({"params": params}, x)
     np.testing.assert_allclose(got, ffn(np.asarray(x, np.float64), as_numpy(params)), atol=1e-5)
 
 
 @pytest.mark.parametrize("norm", ["post", "pre"])
-def test_encoder_layer_by_hand(norm):
+def test_encoder_layer_by_hand(tiny_config, norm):
     """post (paper): LayerNorm(x + Sublayer(x)) twice; pre: x + Sublayer(LayerNorm(x))."""
-    cfg = TINY_CONFIG.replace(norm=norm)
+    cfg = tiny_config.replace(norm=norm)
     x = jax.random.normal(jax.random.key(1), (2, 5, cfg.d_model))
     tokens = jnp.array([[5, 6, 7, 8, 3], [5, 6, 3, 0, 0]])
     mask = padding_mask(tokens)
@@ -91,12 +91,11 @@ def test_encoder_layer_by_hand(norm):
 
 
 @pytest.fixture(scope="module")
-def training_pass():
+def training_pass(tiny_batch):
     """Every call of the modules that matter in one training pass:
     (class name, path, args, output, module, kwargs)."""
     cfg = TINY_CONFIG.replace(dropout_rate=0.3, attention_dropout_rate=0.2)
-    src = jnp.array([[4, 5, 6, 7, 3], [8, 9, 3, 0, 0]], jnp.int32)
-    tgt = jnp.array([[2, 4, 5, 6, 7, 9], [2, 8, 9, 3, 0, 0]], jnp.int32)
+    src, tgt = tiny_batch["src"], tiny_batch["tgt_in"]
     model = Transformer(cfg)
     params = model.init(jax.random.key(0), src, tgt)["params"]
     names = {"Dropout", "SubLayer", "AddPositions", "MultiHeadAttention", "FeedForward"}
