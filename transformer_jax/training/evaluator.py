@@ -50,7 +50,8 @@ def translate_and_score(
 
 def describe(step: int, split: str, record: dict[str, float]) -> str:
     """``step S split: loss 1.23, perplexity 3.4, ...`` (the keys' prefixes dropped)."""
-    values = ", ".join(f"{k.split('_', 1)[-1]} {v:.4g}" for k, v in record.items())
+    names = {k: k.removeprefix("eval_").removeprefix("test_") for k in record}
+    values = ", ".join(f"{names[k]} {v:.4g}" for k, v in record.items())
     return f"step {step} {split}: {values}"
 
 
