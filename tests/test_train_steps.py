@@ -7,8 +7,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import TINY_CONFIG
 
-from transformer_jax import Transformer, TransformerConfig
+from transformer_jax import Transformer
 from transformer_jax.ids import BOS_ID, EOS_ID
 from transformer_jax.model.transformer import Decoder
 from transformer_jax.training import defaults
@@ -26,15 +27,8 @@ from transformer_jax.training.steps import (
 )
 from transformer_jax.training.validation import validate_config
 
-CFG = TransformerConfig(
-    vocab_size=20,
-    d_model=16,
-    num_heads=2,
-    d_ff=32,
-    num_encoder_layers=1,
-    num_decoder_layers=1,
-    dropout_rate=0.3,
-    max_len=16,
+CFG = TINY_CONFIG.replace(
+    vocab_size=20, num_encoder_layers=1, num_decoder_layers=1, dropout_rate=0.3, max_len=16
 )
 SRC = [[5, 6, 7], [8]]
 TGT = [[9, 10], [11, 12, 13, 14]]

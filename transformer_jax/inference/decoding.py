@@ -206,28 +206,27 @@ def _check(
     return config, src.astype(jnp.int32), max_len
 
 
-def _source_limits(
-    src: Array, config: TransformerConfig, max_len: int, max_extra_len: int
-) -> Array:
-    """Per-sentence output limits: source length (padding excluded) + ``max_extra_len``."""
-    return jnp.minimum(jnp.sum(src != config.pad_id, axis=1) + max_extra_len, max_len)
+def _options(
+    src: Array,
+    config: TransformerConfig,
+    max_len: int,
+    max_extra_len: int,
+    min_len: int,
+    bos_id: int,
+    eos_id: int | None,
+) -> dict[str, Any]:
+    """The searches' keyword arguments; each sentence's output limit is its source length
+    (padding excluded) + ``max_extra_len``."""
+    limits = jnp.minimum(jnp.sum(src != config.pad_id, axis=1) + max_extra_len, max_len)
+    return dict(bos_id=bos_id, eos_id=eos_id, pad_id=config.pad_id, min_len=min_len, limits=limits)
 
 
 # ------------------------------------------------------------------- compiled searches
 @functools.partial(jax.jit, static_argnums=tuple(range(2, 8)))
 def _greedy(params, src, config, max_len, max_extra_len, min_len, bos_id, eos_id) -> Array:
     step, cache = transformer_step(config, params, src, max_len)
-    return greedy(
-        step,
-        cache,
-        src.shape[0],
-        max_len,
-        bos_id=bos_id,
-        eos_id=eos_id,
-        pad_id=config.pad_id,
-        min_len=min_len,
-        limits=_source_limits(src, config, max_len, max_extra_len),
-    )
+    options = _options(src, config, max_len, max_extra_len, min_len, bos_id, eos_id)
+    return greedy(step, cache, src.shape[0], max_len, **options)
 
 
 @functools.partial(jax.jit, static_argnums=tuple(range(2, 10)))
@@ -235,6 +234,7 @@ def _beam(
     params, src, config, max_len, max_extra_len, min_len, bos_id, eos_id, k, alpha
 ) -> tuple[Array, Array]:
     step, cache = transformer_step(config, params, src, max_len, copies=k)
+    options = _options(src, config, max_len, max_extra_len, min_len, bos_id, eos_id)
     return beam(
         step,
         cache,
@@ -242,12 +242,8 @@ def _beam(
         max_len,
         beam_size=k,
         alpha=alpha,
-        bos_id=bos_id,
-        eos_id=eos_id,
-        pad_id=config.pad_id,
-        min_len=min_len,
-        limits=_source_limits(src, config, max_len, max_extra_len),
         cache_batch_axis=1 if config.scan_layers else 0,  # scanned caches: [layers, rows, ...]
+        **options,
     )
 
 
@@ -256,17 +252,7 @@ def _sample(
     params, src, key, config, max_len, max_extra_len, min_len, bos_id, eos_id, temperature, top_k
 ) -> Array:
     step, cache = transformer_step(config, params, src, max_len)
+    options = _options(src, config, max_len, max_extra_len, min_len, bos_id, eos_id)
     return sample(
-        step,
-        cache,
-        src.shape[0],
-        max_len,
-        key,
-        temperature=temperature,
-        top_k=top_k,
-        bos_id=bos_id,
-        eos_id=eos_id,
-        pad_id=config.pad_id,
-        min_len=min_len,
-        limits=_source_limits(src, config, max_len, max_extra_len),
+        step, cache, src.shape[0], max_len, key, temperature=temperature, top_k=top_k, **options
     )
