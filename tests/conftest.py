@@ -50,3 +50,20 @@ def tiny_batch() -> dict[str, np.ndarray]:
         "tgt_in": np.array([[b, 4, 5, 6, 7, 9], [b, 8, 9, p, p, p]], np.int32),
         "tgt_out": np.array([[4, 5, 6, 7, 9, e], [8, 9, e, p, p, p]], np.int32),
     }
+
+
+# Heavy tests whose property another default test covers: marked slow here (run them with
+# ``pytest -m slow``); the reason names what stays in the default run.
+REDUNDANT_HEAVY = {
+    "tests/test_model.py::TestShapes::test_logits_shape_and_dtype__without_jit": (
+        "the eager twin of __with_jit (same shapes and dtypes); eager application stays "
+        "covered by test_encode_decode_halves__without_jit"
+    ),
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.nodeid in REDUNDANT_HEAVY:
+            item.add_marker(pytest.mark.slow)
