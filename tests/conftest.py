@@ -59,6 +59,19 @@ REDUNDANT_HEAVY = {
         "the eager twin of __with_jit (same shapes and dtypes); eager application stays "
         "covered by test_encode_decode_halves__without_jit"
     ),
+    "tests/test_model.py::test_cached_decoding_equals_full_decoding": (
+        "test_decoding.py::test_cached_steps_equal_full_decoder_pass checks the same on three "
+        "configurations (the paper's first), jitted"
+    ),
+    "tests/test_kernels.py::test_xla_and_cpu_kernels_give_the_same_logits_and_gradients"
+    "[bfloat16-compute]": (
+        "the cpu kernels' bfloat16 operand layouts are compared by [bfloat16-products]"
+    ),
+    "tests/test_kernels.py::test_xla_and_cpu_kernels_give_the_same_logits_and_gradients"
+    "[float32-scan-preln]": (
+        "the kernel sets are compared by [float32]; scan and pre-LN against the unrolled and "
+        "hand-computed model by test_scan_layers.py and test_layers_by_hand.py"
+    ),
 }
 
 
