@@ -80,3 +80,34 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.nodeid in REDUNDANT_HEAVY:
             item.add_marker(pytest.mark.slow)
+
+
+# What -m deselected, counted in the summary: pytest-xdist's workers deselect, and the
+# controller's summary line would not show it.
+EXCLUDED_MARKERS = ("slow", "benchmark_internals")
+_deselected: dict[str, str] = {}  # node id -> the marker that excluded it
+
+
+def pytest_deselected(items):
+    for item in items:
+        names = [m.name for m in item.iter_markers() if m.name in EXCLUDED_MARKERS]
+        _deselected[item.nodeid] = names[0] if names else "by -k"
+    if items and hasattr(items[0].config, "workeroutput"):  # an xdist worker
+        items[0].config.workeroutput["deselected"] = dict(_deselected)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):  # the xdist controller, as each worker ends
+    _deselected.update(getattr(node, "workeroutput", {}).get("deselected", {}))
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    if _deselected and not hasattr(config, "workerinput"):
+        counts = {}
+        for marker in _deselected.values():
+            counts[marker] = counts.get(marker, 0) + 1
+        parts = ", ".join(f"{n} {marker}" for marker, n in sorted(counts.items()))
+        terminalreporter.write_line(
+            f"deselected {len(_deselected)} tests ({parts}): run them with -m slow, "
+            "-m benchmark_internals"
+        )
