@@ -84,14 +84,14 @@ def pytest_collection_modifyitems(config, items):
 
 # What -m deselected, counted in the summary: pytest-xdist's workers deselect, and the
 # controller's summary line would not show it.
-EXCLUDED_MARKERS = ("slow", "benchmark_internals")
+EXCLUDED_MARKERS = ("slow", "integration", "benchmark_internals")
 _deselected: dict[str, str] = {}  # node id -> the marker that excluded it
 
 
 def pytest_deselected(items):
     for item in items:
         names = [m.name for m in item.iter_markers() if m.name in EXCLUDED_MARKERS]
-        _deselected[item.nodeid] = names[0] if names else "by -k"
+        _deselected[item.nodeid] = names[0] if names else "not matching -m/-k"
     if items and hasattr(items[0].config, "workeroutput"):  # an xdist worker
         items[0].config.workeroutput["deselected"] = dict(_deselected)
 
@@ -109,5 +109,5 @@ def pytest_terminal_summary(terminalreporter, config):
         parts = ", ".join(f"{n} {marker}" for marker, n in sorted(counts.items()))
         terminalreporter.write_line(
             f"deselected {len(_deselected)} tests ({parts}): run them with -m slow, "
-            "-m benchmark_internals"
+            "-m integration, -m benchmark_internals"
         )

@@ -335,7 +335,7 @@ def two_processes(tmp_path_factory):
     return launch, reference, outs
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_two_processes_equal_one_process_with_two_devices(two_processes, tmp_path):
     launch, reference, outs = two_processes
     assert all("2 device(s)" in out for out in outs)
@@ -351,7 +351,7 @@ def test_two_processes_equal_one_process_with_two_devices(two_processes, tmp_pat
     assert padding(reference) == padding(tmp_path / "one")
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_shard_map_with_accumulation_two_processes_equal_one(two_processes, tmp_path):
     _, reference, _ = two_processes
     launch = Launch(tmp_path, parallel="shard_map", accum=2)
@@ -361,7 +361,7 @@ def test_shard_map_with_accumulation_two_processes_equal_one(two_processes, tmp_
     assert_same_run(tmp_path / "one", two)
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_a_workdir_in_use_stops_every_process_with_one_line(two_processes, tmp_path):
     launch, reference, _ = two_processes
     workdir = prepared(reference, tmp_path / "run")
@@ -373,7 +373,7 @@ def test_a_workdir_in_use_stops_every_process_with_one_line(two_processes, tmp_p
     assert outs[1].count("error: process 0: workdir") == 1
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_signals_to_one_process_act_on_both_then_resume_equals_the_uninterrupted_run(
     two_processes, tmp_path
 ):
@@ -398,7 +398,7 @@ def test_signals_to_one_process_act_on_both_then_resume_equals_the_uninterrupted
     assert_same_run(workdir, reference)
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_sigterm_to_both_processes_steps_apart_saves_one_checkpoint(two_processes, tmp_path):
     launch, reference, _ = two_processes
     workdir = prepared(reference, tmp_path / "run")
@@ -414,7 +414,7 @@ def test_sigterm_to_both_processes_steps_apart_saves_one_checkpoint(two_processe
     assert_same_run(workdir, reference)
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_sigkill_of_one_process_then_a_relaunch_resumes(two_processes, tmp_path):
     launch, reference, _ = two_processes
     workdir = prepared(reference, tmp_path / "run")
@@ -434,7 +434,7 @@ def test_sigkill_of_one_process_then_a_relaunch_resumes(two_processes, tmp_path)
     assert_same_run(workdir, reference)
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_an_unreadable_checkpoint_is_set_aside_once_with_one_line_per_process(
     two_processes, tmp_path
 ):
