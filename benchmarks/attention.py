@@ -25,7 +25,8 @@ import jax.numpy as jnp
 from _common import describe_machine, machine, summary, table, time_calls, write_json
 
 from transformer_jax.analysis.costs import attention_matrix_bytes, format_bytes
-from transformer_jax.model.attention import ATTENTION_IMPLS, scaled_dot_product_attention
+from transformer_jax.model.attention import scaled_dot_product_attention
+from transformer_jax.options import ATTENTION_IMPLS
 
 DEFAULT_IMPLS = "reference,fused"  # 'cudnn' needs a GPU
 

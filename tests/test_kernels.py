@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from conftest import TINY_CONFIG
 
-from transformer_jax import Transformer, kernels
+from transformer_jax import Transformer, kernels, options
 from transformer_jax.kernels import precision
 from transformer_jax.training.defaults import default_config
 from transformer_jax.training.loss import loss_and_metrics
@@ -33,10 +33,10 @@ def bfloat16_products_on_cpu(monkeypatch):
 
 
 def test_auto_is_cpu_only_on_the_cpu_target():
-    assert kernels.resolve("auto", "cpu") == "cpu"
+    assert options.resolve("auto", "cpu") == "cpu"
     for platform in ("gpu", "cuda", "rocm", "tpu"):
-        assert kernels.resolve("auto", platform) == "xla"
-    assert kernels.resolve("xla", "cpu") == "xla" and kernels.resolve("cpu", "gpu") == "cpu"
+        assert options.resolve("auto", platform) == "xla"
+    assert options.resolve("xla", "cpu") == "xla" and options.resolve("cpu", "gpu") == "cpu"
     assert TINY_CONFIG.replace(platform="gpu").kernel_set == "xla"
     assert TINY_CONFIG.replace(platform="cpu").kernel_set == "cpu"
     assert TINY_CONFIG.replace(platform="cuda", kernels="cpu").kernel_set == "cpu"

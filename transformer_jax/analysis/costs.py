@@ -23,8 +23,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from transformer_jax.model.attention import ATTENTION_IMPLS, scaled_dot_product_attention
+from transformer_jax.model.attention import scaled_dot_product_attention
 from transformer_jax.model.config import TransformerConfig
+from transformer_jax.options import ATTENTION_IMPLS
 
 TRAINING_TO_FORWARD = 3  # forward + backward (activation and weight gradients) = 3x forward
 

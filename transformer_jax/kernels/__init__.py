@@ -9,7 +9,8 @@ Two kernel sets give the same values (tests check it):
   logits: :mod:`.matmul`) and dropout bits as fused elementwise code (:mod:`.dropout`).
 
 ``TransformerConfig.kernels = 'auto'`` takes ``cpu`` when the *target* platform
-(``TransformerConfig.platform``) is the CPU, ``xla`` otherwise. :func:`configure_process`
+(``TransformerConfig.platform``) is the CPU, ``xla`` otherwise
+(:func:`transformer_jax.options.resolve`). :func:`configure_process`
 applies the CPU runtime settings (:mod:`.malloc`, :mod:`.vectors`) on CPU hosts only.
 """
 
@@ -25,12 +26,9 @@ import jax
 from transformer_jax.kernels import dropout, matmul, precision
 from transformer_jax.kernels.malloc import retain_freed_memory
 from transformer_jax.kernels.vectors import prefer_wide_vectors
+from transformer_jax.options import PLATFORMS
 
 Array = jax.Array
-
-KERNELS = ("auto", "xla", "cpu")
-PLATFORMS = ("auto", "cpu", "gpu", "cuda", "rocm", "tpu")  # 'gpu': CUDA or ROCm, as JAX says
-CUDA_PLATFORMS = ("gpu", "cuda")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,17 +57,8 @@ CPU = Ops("cpu", matmul.dot_general, matmul.einsum, matmul.tied_logits, dropout.
 _SETS = {"xla": XLA, "cpu": CPU}
 
 
-def resolve(kernels: str, platform: str) -> str:
-    """The kernel set ('xla' | 'cpu') for ``kernels`` on the target ``platform``."""
-    if kernels not in KERNELS:
-        raise ValueError(f"kernels must be one of {KERNELS}, got {kernels!r}")
-    if kernels != "auto":
-        return kernels
-    return "cpu" if platform == "cpu" else "xla"
-
-
 def ops(name: str) -> Ops:
-    """The kernel set ``name`` ('xla' | 'cpu', see :func:`resolve`)."""
+    """The kernel set ``name`` ('xla' | 'cpu', see :func:`transformer_jax.options.resolve`)."""
     if name not in _SETS:
         raise ValueError(f"kernel set must be one of {tuple(_SETS)}, got {name!r}")
     return _SETS[name]

@@ -22,10 +22,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from transformer_jax.options import MATMUL_PRECISIONS
+
 Array = jax.Array
 Product = Callable[[str, Array, Array, str], Array]
 
-MATMUL_PRECISIONS = ("float32", "tf32", "bfloat16")
 _LAX = {"float32": jax.lax.Precision.HIGHEST, "tf32": jax.lax.Precision.DEFAULT}
 
 

@@ -15,10 +15,9 @@ import jax
 import jax.numpy as jnp
 
 from transformer_jax import kernels as _kernels
+from transformer_jax.options import ATTENTION_IMPLS
 
 Array = jax.Array
-
-ATTENTION_IMPLS = ("reference", "fused", "cudnn")
 
 
 # --------------------------------------------------------------------------- masks

@@ -8,9 +8,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from transformer_jax.kernels import CUDA_PLATFORMS, KERNELS, PLATFORMS, resolve
-from transformer_jax.kernels.precision import MATMUL_PRECISIONS
-from transformer_jax.model.attention import ATTENTION_IMPLS
+from transformer_jax.options import (
+    ATTENTION_IMPLS,
+    CUDA_PLATFORMS,
+    KERNELS,
+    MATMUL_PRECISIONS,
+    PLATFORMS,
+    resolve,
+)
 
 NORMS = ("post", "pre")
 POSITIONALS = ("sinusoidal", "learned")
