@@ -231,10 +231,10 @@ class Launch:
             **extra,
         )
 
-    def start(self, workdir, num_processes=2):
+    def start(self, workdir, num_processes=2, overrides=()):
         """Start the processes of one run; their output goes to ``{workdir}.{i}.log``."""
         command = [sys.executable, os.path.join(ROOT, "train.py"), f"--config={self.config}"]
-        command.append(f"--workdir={workdir}")
+        command += [f"--workdir={workdir}", *overrides]
         if num_processes == 1:
             flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=2"
             env = self.env(XLA_FLAGS=flags.strip())
@@ -379,7 +379,8 @@ def test_signals_to_one_process_act_on_both_then_resume_equals_the_uninterrupted
 ):
     launch, reference, _ = two_processes
     workdir = prepared(reference, tmp_path / "run")
-    procs = launch.start(workdir)
+    # A checkpoint at every step: the snapshot always follows a checkpoint of its own step.
+    procs = launch.start(workdir, overrides=["--config.train.checkpoint_every=1"])
     wait_for(lambda: logged_step(workdir) >= 2, procs)
     procs[1].send_signal(signal.SIGUSR1)  # a snapshot, and training goes on
     snapshots = workdir / "snapshots"

@@ -251,16 +251,22 @@ class Checkpointer:
             f"{done}; trying the previous one"
         )
 
+    def wait(self) -> None:
+        """Wait for the pending asynchronous save (another save may not overlap it: under
+        several processes their barriers would clash); OSError if it failed."""
+        try:
+            self.manager.wait_until_finished()
+            self.manager.check_for_errors()
+        except Exception as e:  # noqa: BLE001 - whatever the writer thread raised
+            raise self._failed(e) from None
+
     def close(self) -> None:
         """Wait for pending saves and release the manager (once; later calls do nothing);
         OSError if the last save failed."""
         if self.manager is None:
             return
         try:
-            self.manager.wait_until_finished()
-            self.manager.check_for_errors()
-        except Exception as e:  # noqa: BLE001 - whatever the writer thread raised
-            raise self._failed(e) from None
+            self.wait()
         finally:
             self.manager.close()
             self.manager = None

@@ -197,6 +197,7 @@ class _Trainer:
     def snapshot(self) -> str:
         """Save the current parameters in ``{workdir}/snapshots/{step}``; what was done."""
         snapshots = os.path.join(self.run.workdir, checkpoints.SNAPSHOT_DIR)
+        self.run.checkpointer.wait()  # a checkpoint of this step may still be being written
         checkpoints.save_params(snapshots, self.dp.unreplicate(self.state.params), self.step)
         return f"SIGUSR1: saved the parameters of step {self.step} in {snapshots}"
 
