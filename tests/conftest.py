@@ -15,9 +15,8 @@ from transformer_jax import TransformerConfig
 from transformer_jax.ids import BOS_ID, EOS_ID, PAD_ID
 
 # The suite compiles hundreds of small XLA programs and runs each a few times: LLVM's
-# optimisation of their CPU code costs more than it saves (a quarter to a third of the
-# suite's CPU time). Read when JAX starts its backend; subprocesses and notebook kernels
-# inherit it. A level set by the user is kept.
+# optimisation of their CPU code costs more than it saves. Read when JAX starts its
+# backend; subprocesses and notebook kernels inherit it. A level set by the user is kept.
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0"
     os.environ["XLA_FLAGS"] = flags.strip()

@@ -176,8 +176,7 @@ def apply_gradients(
         grads, metrics = jax.lax.psum((grads, metrics), axis_name)
     scale = 1.0 / jnp.maximum(metrics["tokens"], 1.0)
     # The per-token gradient's norm, taken of the sums and then scaled: XLA's CPU backend
-    # squares and sums each gradient in one pass; of the scaled gradients it first wrote
-    # every square out (the `base` step 1.02x faster this way).
+    # then squares and sums each gradient in one pass instead of writing the squares out.
     metrics = dict(metrics, grad_norm=optax.tree.norm(grads) * scale)
     grads = jax.tree.map(lambda g: g * scale, grads)
     updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
