@@ -7,12 +7,15 @@ Nothing here starts a JAX backend at import: tests that set ``XLA_FLAGS`` still 
 """
 
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from transformer_jax import TransformerConfig
 from transformer_jax.ids import BOS_ID, EOS_ID, PAD_ID
+
+ROOT = Path(__file__).resolve().parents[1]  # the repository
 
 # The suite compiles hundreds of small XLA programs and runs each a few times: LLVM's
 # optimisation of their CPU code costs more than it saves. Read when JAX starts its
@@ -54,19 +57,19 @@ def tiny_batch() -> dict[str, np.ndarray]:
 # Heavy tests whose property another default test covers: marked slow here (run them with
 # ``pytest -m slow``); the reason names what stays in the default run.
 REDUNDANT_HEAVY = {
-    "tests/test_model.py::TestShapes::test_logits_shape_and_dtype__without_jit": (
+    "tests/model/test_model.py::TestShapes::test_logits_shape_and_dtype__without_jit": (
         "the eager twin of __with_jit (same shapes and dtypes); eager application stays "
         "covered by test_encode_decode_halves__without_jit"
     ),
-    "tests/test_model.py::test_cached_decoding_equals_full_decoding": (
+    "tests/model/test_model.py::test_cached_decoding_equals_full_decoding": (
         "test_decoding.py::test_cached_steps_equal_full_decoder_pass checks the same on three "
         "configurations (the paper's first), jitted"
     ),
-    "tests/test_kernels.py::test_xla_and_cpu_kernels_give_the_same_logits_and_gradients"
+    "tests/kernels/test_kernels.py::test_xla_and_cpu_kernels_give_the_same_logits_and_gradients"
     "[bfloat16-compute]": (
         "the cpu kernels' bfloat16 operand layouts are compared by [bfloat16-products]"
     ),
-    "tests/test_kernels.py::test_xla_and_cpu_kernels_give_the_same_logits_and_gradients"
+    "tests/kernels/test_kernels.py::test_xla_and_cpu_kernels_give_the_same_logits_and_gradients"
     "[float32-scan-preln]": (
         "the kernel sets are compared by [float32]; scan and pre-LN against the unrolled and "
         "hand-computed model by test_scan_layers.py and test_layers_by_hand.py"

@@ -12,8 +12,9 @@ import sys
 
 import jax
 import pytest
+from conftest import ROOT
 
-BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+BENCHMARKS = os.path.join(str(ROOT), "benchmarks")
 
 
 @pytest.fixture(autouse=True)

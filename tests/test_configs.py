@@ -4,11 +4,12 @@ import importlib.util
 import os
 
 import pytest
+from conftest import ROOT
 
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.training.validation import validate_config
 
-CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+CONFIGS = os.path.join(str(ROOT), "configs")
 
 
 def load(name):

@@ -9,8 +9,8 @@ import ast
 from pathlib import Path
 
 import pytest
+from conftest import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "transformer_jax"
 
 # Third-party modules a function may import lazily: optional or slow to import, and only

@@ -6,13 +6,13 @@ Run alone with ``pytest tests/test_notebooks.py`` (one notebook: ``-k 03_positio
 """
 
 import re
-from pathlib import Path
 
 import nbformat
 import pytest
+from conftest import ROOT
 from nbclient import NotebookClient
 
-NOTEBOOK_DIR = Path(__file__).resolve().parents[1] / "notebooks"
+NOTEBOOK_DIR = ROOT / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
 MAX_TOTAL_BYTES = 3 * 2**20
 

@@ -2,13 +2,14 @@
 and the README's library example (a decoder-only model trained and decoded) run as is."""
 
 import re
-from pathlib import Path
+
+from conftest import ROOT
 
 import transformer_jax as tj
 from transformer_jax.inference import decoding
 from transformer_jax.model import attention, embeddings, layers
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = ROOT / "README.md"
 
 
 def test_submodules_and_names_are_attributes():

@@ -9,6 +9,7 @@ import textwrap
 
 import numpy as np
 import pytest
+from conftest import ROOT
 
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.transformer import Transformer
@@ -78,7 +79,7 @@ def results():
         XLA_FLAGS="--xla_force_host_platform_device_count=4 --xla_backend_optimization_level=0",
         JAX_PLATFORMS="cpu",
     )
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = str(ROOT)
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     proc = subprocess.run(
         [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import ROOT
 
 from transformer_jax import Transformer
 from transformer_jax.cli.average import average_params
@@ -199,7 +200,7 @@ def test_command_line_error_exits_nonzero_without_traceback(tmp_path):
         input="hello\n",
         capture_output=True,
         text=True,
-        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        cwd=str(ROOT),
         timeout=120,
     )
     assert result.returncode == 2 and result.stdout == ""

@@ -7,10 +7,11 @@ import sys
 import textwrap
 
 import pytest
+from conftest import ROOT as REPO_ROOT
 
 from transformer_jax.kernels.malloc import retaining_environment
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = str(REPO_ROOT)
 
 # A child process allocates and frees a 64 MB array and reports glibc's own accounting:
 # bytes in mmapped blocks while it lives, heap (arena) bytes after it is freed.

@@ -16,12 +16,13 @@ import time
 import jax
 import numpy as np
 import pytest
+from conftest import ROOT as REPO_ROOT
 
 from transformer_jax.training import checkpoints, distributed
 from transformer_jax.training.logs import read_metrics
 from transformer_jax.training.workdir import lock_workdir
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = str(REPO_ROOT)
 
 MPIRUN_ENV = {  # what `mpirun -np 2` (Open MPI) gives the process of rank 1
     "OMPI_COMM_WORLD_SIZE": "2",

@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from test_train_loop import (  # noqa: F401 - fixtures
+from test_loop import (  # noqa: F401 - fixtures
     ROOT,
     compilation_cache,
     losses,

@@ -13,6 +13,7 @@ import time
 import jax
 import numpy as np
 import pytest
+from conftest import ROOT as REPO_ROOT
 
 from transformer_jax.data import pipeline
 from transformer_jax.kernels import vectors
@@ -21,7 +22,7 @@ from transformer_jax.training.logs import read_metrics
 from transformer_jax.training.loop import train_and_evaluate
 from transformer_jax.training.validation import validate_config
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = str(REPO_ROOT)
 
 MICRO = """
 import os, sys
