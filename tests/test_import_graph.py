@@ -42,7 +42,12 @@ FORBIDDEN = [
     ("transformer_jax.inference", "transformer_jax.training.loss"),
 ]
 # Only the commands (and their ``python -m transformer_jax.<command>`` shims) import cli.
-CLI_SHIMS = {"transformer_jax.translate", "transformer_jax.evaluate", "transformer_jax.average"}
+CLI_SHIMS = {
+    "transformer_jax.translate",
+    "transformer_jax.evaluate",
+    "transformer_jax.average",
+    "transformer_jax.train",
+}
 # Leaf modules hold the ids and enums that others validate against: they import no other
 # package module except other leaves (modules that import nothing from the package).
 LEAVES = {"transformer_jax.ids", "transformer_jax.options", "transformer_jax.model.config"}

@@ -1,1 +1,4 @@
-"""Command-line tools: translate, evaluate, average (``python -m transformer_jax.<command>``)."""
+"""Command-line tools: train, translate, evaluate, average.
+
+Each runs as ``python -m transformer_jax.<command>``; ``python train.py`` is the train command.
+"""
