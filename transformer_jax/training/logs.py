@@ -1,4 +1,5 @@
-"""Run logs: ``{workdir}/metrics.jsonl`` (one JSON object per log step) and TensorBoard."""
+"""Run logs: ``{workdir}/metrics.jsonl`` (one JSON object per log step), TensorBoard, and
+``{workdir}/run_info.json`` (what the run trains on and with, for tools that report on it)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,16 @@ import os
 import time
 from typing import Any
 
-from transformer_jax.data.batching import Batch, token_counts
+import jax
+import ml_collections
+
+from transformer_jax.data.batching import Batch, TrainIterator, token_counts
 from transformer_jax.training.distributed import sum_over_processes
 from transformer_jax.training.loss import summarize
 
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
+RUN_INFO_FILE = "run_info.json"
 
 
 class MetricsWriter:
@@ -123,3 +128,54 @@ def read_metrics(workdir: str) -> list[dict[str, Any]]:
             except json.JSONDecodeError:
                 continue
     return records
+
+
+def run_info(
+    config: ml_collections.ConfigDict, vocab_size: int, train_iter: TrainIterator
+) -> dict[str, Any]:
+    """The facts of a started run: training pairs kept and dropped, batches and tokens per
+    epoch (source and target, each with its EOS), vocabulary, devices, processes, parallelism."""
+    stats, batcher = train_iter.stats(), train_iter.batcher
+    return {
+        "train_pairs": int(stats["pairs"]),
+        "dropped_too_long": int(stats["dropped_too_long"]),
+        "max_len": int(config.data.max_len),
+        "batches_per_epoch": int(stats["batches_per_epoch"]),
+        "source_tokens_per_epoch": int(batcher.src_lengths[batcher.kept].sum()),
+        "target_tokens_per_epoch": int(batcher.tgt_lengths[batcher.kept].sum()),
+        "vocab_size": int(vocab_size),
+        "devices": jax.device_count(),
+        "processes": jax.process_count(),
+        "parallel": str(config.train.parallel),
+    }
+
+
+def describe_run_info(info: dict[str, Any]) -> str:
+    """The line ``train.py`` prints when its training loop starts."""
+    return (
+        f"{info['train_pairs']} training pairs ({info['dropped_too_long']} longer than "
+        f"data.max_len={info['max_len']} dropped), {info['batches_per_epoch']} batches per "
+        f"epoch; vocabulary {info['vocab_size']}; {info['devices']} device(s), "
+        f"train.parallel={info['parallel']}"
+    )
+
+
+def write_run_info(workdir: str, info: dict[str, Any]) -> None:
+    """Write ``{workdir}/run_info.json`` whole (a resumed run replaces it with its own start's
+    facts; never a torn file). Called by process 0 only."""
+    path = os.path.join(workdir, RUN_INFO_FILE)
+    with open(f"{path}.tmp", "w") as f:
+        json.dump(info, f, indent=2)
+    os.replace(f"{path}.tmp", path)
+
+
+def read_run_info(workdir: str) -> dict[str, Any]:
+    """The record of ``{workdir}/run_info.json``; ValueError naming the file if there is none
+    (the run never reached its training loop)."""
+    path = os.path.join(workdir, RUN_INFO_FILE)
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        reason = e.strerror if isinstance(e, OSError) else e
+        raise ValueError(f"cannot read {path}: {reason} (did the run reach its loop?)") from None

@@ -25,7 +25,15 @@ from transformer_jax.model.config import TransformerConfig
 from transformer_jax.training import checkpoints
 from transformer_jax.training.distributed import entered_by_process_zero
 from transformer_jax.training.evaluator import Evaluator, describe
-from transformer_jax.training.logs import METRICS_FILE, MetricsWindow, MetricsWriter, read_metrics
+from transformer_jax.training.logs import (
+    METRICS_FILE,
+    MetricsWindow,
+    MetricsWriter,
+    describe_run_info,
+    read_metrics,
+    run_info,
+    write_run_info,
+)
 from transformer_jax.training.run import Run, run_schedule, start_run
 from transformer_jax.training.signals import Signals
 from transformer_jax.training.validation import validate_config
@@ -57,13 +65,10 @@ def _train_and_evaluate(
     train_iter = data_lib.train_iterator(
         config.data, workdir, run.tokenizer, jax.device_count(), run.data_state
     )
-    stats = train_iter.stats()
-    print(
-        f"{stats['pairs']} training pairs ({stats['dropped_too_long']} longer than "
-        f"data.max_len={config.data.max_len} dropped), {stats['batches_per_epoch']} batches "
-        f"per epoch; vocabulary {run.tokenizer.vocab_size}; {jax.device_count()} device(s), "
-        f"train.parallel={config.train.parallel}"
-    )
+    info = run_info(config, run.tokenizer.vocab_size, train_iter)
+    if jax.process_index() == 0:
+        write_run_info(workdir, info)
+    print(describe_run_info(info))
     evaluator = Evaluator(config, workdir, run.dp, run.model_config, run.tokenizer)
     trainer = _Trainer(run, train_iter, evaluator)
     with Signals() as signals:  # until the checkpoint is written: a late SIGTERM waits for it
