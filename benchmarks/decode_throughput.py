@@ -1,13 +1,13 @@
-"""Decoding throughput: the generic searches over the KV cache, the previous greedy step, and
-re-running the decoder without a cache.
+"""Decoding throughput: the generic searches over the KV cache, greedy over a log-softmax step,
+and re-running the decoder without a cache.
 
 * ``greedy (cached)`` and ``beam-k (cached)``: ``transformer_jax.inference.decoding``'s
   ``greedy_search`` / ``beam_search``, the generic searches of ``inference.search`` over
   the Transformer's step function (one new position per step over the KV cache inside a
   jitted ``while_loop``); greedy takes the argmax of the logits.
 * ``greedy (log-softmax)``: the same search over a step that returns the log-softmax of
-  the logits over the whole vocabulary, the work the previous greedy decoder did at every
-  step (its outputs are the same tokens).
+  the logits over the whole vocabulary at every step: what the argmax spares (its outputs
+  are the same tokens).
 * ``greedy (uncached)`` (``small`` only): written here with ``Transformer.decode``: each
   step re-runs the whole decoder over a ``[batch, new_tokens]`` buffer of the prefix
   (positions after the current one are PAD, hidden by the causal mask) and takes the

@@ -1,6 +1,6 @@
 """Training throughput: one full training step of the library's model, and optionally PyTorch.
 
-A step is the training engineer's ``train_step`` (forward with dropout, the label-smoothed
+A step is the library's ``train_step`` (forward with dropout, the label-smoothed
 loss, backward, the Adam update with the paper's schedule) compiled with ``jax.jit`` and
 the train state donated, on a batch of random full-length pairs (no padding). Reported:
 first-step seconds (tracing + XLA compilation + one step), target tokens/s over the timed

@@ -4,7 +4,7 @@ XLA compiles its elementwise fusions (LayerNorm, softmax, dropout, Adam, layout 
 with LLVM, and by default asks it for 256-bit vectors (``--xla_cpu_prefer_vector_width=256``)
 even on AVX-512 CPUs; the matrix products run in libraries that choose their own vectors.
 :func:`prefer_wide_vectors` sets 512 for this process unless ``XLA_FLAGS`` already chooses
-a width (``benchmarks/README.md`` has what it is worth).
+a width, so those fusions use the whole register.
 """
 
 from __future__ import annotations

@@ -89,7 +89,7 @@ def smoothed_cross_entropy(
       convention: ``'t2t'`` or ``'uniform'`` (module doc).
 
     Its gradient, ``softmax(logits) - q``, is a custom VJP computed in one pass over the
-    logits (XLA's derivative of ``log_softmax`` and ``take_along_axis`` made several, and a
+    logits (XLA's derivative of ``log_softmax`` and ``take_along_axis`` takes several and a
     scatter).
     """
     cross_entropy, _ = _cross_entropy_and_lse(logits, targets, label_smoothing, convention)
