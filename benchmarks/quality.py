@@ -14,18 +14,30 @@ last N checkpoints (``transformer_jax.average``, paper §6.1). With ``--minutes 
 the run also gets SIGUSR1 at 30 minutes, saves its parameters then and goes on; that
 snapshot is scored too: one run reports both budgets. Evaluation is not counted in the
 budget. Reported: BLEU, steps, epochs, the training loop's tokens/s and the loss
-curve from ``{workdir}/metrics.jsonl``.
+curve, read from the files the run writes (``{workdir}/run_info.json`` and
+``metrics.jsonl``).
+
+``--vs-torch`` first runs the PyTorch baseline (``../shared/bench/multi30k_torch.py``, a
+plain ``torch.nn.Transformer`` of the same size) for the same minutes on the same data,
+then the project's run, and prints both side by side with the difference. The baseline's
+clock counts its training steps only (not its tokenizer, encoding, validation or
+decoding); so that both budgets count the same thing, the project's clock then starts when
+its training loop starts (``--clock loop``: tokenizer and encoding not counted,
+compilation counted, as it is part of training in JAX).
 
     python benchmarks/quality.py --minutes 30 --workdir runs/multi30k-30min
     python benchmarks/quality.py --minutes 30,60 --workdir runs/multi30k-60min --json out.json
+    python benchmarks/quality.py --minutes 30 --vs-torch --workdir runs/vs-torch-30min
     python benchmarks/quality.py --minutes 30 --data-dir DIR --src-lang en --tgt-lang fr
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -35,8 +47,15 @@ from typing import Any
 import _common  # noqa: F401  (puts the repository root on sys.path)
 from _common import ROOT, describe_machine, machine, table, write_json
 
+from transformer_jax.training.logs import RUN_INFO_FILE, read_metrics, read_run_info
+
 DEFAULT_DATA = os.path.join(os.path.dirname(ROOT), "shared", "data", "multi30k")
 DEFAULT_CONFIG = os.path.join(ROOT, "configs", "multi30k.py")
+DEFAULT_TORCH_SCRIPT = os.path.join(os.path.dirname(ROOT), "shared", "bench", "multi30k_torch.py")
+TORCH_ARGS = "--warmup 200 --lr_scale 0.5"  # the baseline's settings for a 30-minute budget
+# The files the baseline reads: {split}.{lang} for these splits and languages.
+TORCH_DATA = {"train_split": "train", "eval_split": "val", "test_split": "test_2016_flickr"}
+TORCH_LANGS = {"src_lang": "en", "tgt_lang": "de"}
 SMOKE_OVERRIDES = {  # a model and run small enough for a test
     "model.vocab_size": 300,
     "model.d_model": 16,
@@ -56,13 +75,19 @@ SMOKE_OVERRIDES = {  # a model and run small enough for a test
 }
 
 
-def train_within_budget(command: list[str], marks: list[float], log_path: str) -> dict[str, Any]:
+def train_within_budget(
+    command: list[str], marks: list[float], log_path: str, clock_file: str | None = None
+) -> dict[str, Any]:
     """Run ``command``; at each of ``marks`` (minutes, ascending) but the last send SIGUSR1
     (the loop saves a parameter snapshot and goes on), at the last SIGTERM (the loop
-    checkpoints and exits). Returns timings."""
-    start = time.perf_counter()
+    checkpoints and exits). The minutes count from the start of ``command``, or with
+    ``clock_file`` from when that file appears. Returns timings."""
+    launched = time.perf_counter()
     with open(log_path, "w") as log:
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        while clock_file and not os.path.exists(clock_file) and proc.poll() is None:
+            time.sleep(0.05)
+        start = time.perf_counter() if clock_file else launched
         stopped = False
         for i, minutes in enumerate(marks):
             try:
@@ -80,20 +105,152 @@ def train_within_budget(command: list[str], marks: list[float], log_path: str) -
         hint = " (the budget ended before the training loop started?)" if stopped else ""
         raise RuntimeError(f"training failed (exit {returncode}){hint}; end of {log_path}:\n{tail}")
     return {
+        "setup_s": start - launched,  # before the clock started (0 without clock_file)
         "train_wall_s": budget_s,
         "exit_wall_s": time.perf_counter() - start,
         "stopped_by_budget": stopped,
     }
 
 
-def parse_log(log_path: str) -> dict[str, int]:
-    """Training pairs and batches per epoch, from the loop's first line."""
+def run_summary(workdir: str, step: int, train_wall_s: float) -> dict[str, Any]:
+    """What the run's files say about its training: ``run_info.json`` (pairs, batches and
+    tokens per epoch, ...), epochs, the median of the logged tokens/s (source + target,
+    training time only) and the target tokens per second of the budget (as the baseline
+    counts them: every trained target token with its EOS, over the clock's seconds)."""
+    info = read_run_info(workdir)
+    epochs = step / info["batches_per_epoch"]
+    speeds = [r["tokens_per_sec"] for r in loss_curve(workdir)[1:]] or [float("nan")]
+    return {
+        "run_info": info,
+        "epochs": epochs,
+        "median_tokens_per_sec": sorted(speeds)[len(speeds) // 2],
+        "target_tokens_per_sec": epochs * info["target_tokens_per_epoch"] / train_wall_s,
+    }
+
+
+_TORCH_DONE = re.compile(
+    r"TRAINING DONE: (?P<steps>\d+) steps, (?P<epochs>[\d.]+) epochs, (?P<train_s>\d+)s "
+    r"training, (?P<target_tokens>\d+) target tokens, (?P<target_tokens_per_sec>\d+) tgt "
+    r"tok/s; final val ls_loss (?P<dev_cross_entropy>\S+) nll (?P<dev_nll>\S+)"
+)
+_TORCH_BLEU = re.compile(
+    r"TEST2016 (?P<mode>greedy|beam\d+): BLEU = (?P<bleu>[\d.]+) .*?\[(?P<signature>[^\]]*)\]"
+)
+_TORCH_SETUP = re.compile(r"vocab (?P<vocab_size>\d+); train (?P<train_pairs>\d+) pairs")
+
+
+def parse_torch_output(text: str) -> dict[str, Any]:
+    """The results the baseline script prints (its ``TRAINING DONE`` and ``TEST2016`` lines,
+    another program's text): steps, epochs, training seconds, target tokens (with EOS) and
+    their rate, the final val loss (label-smoothed cross-entropy, PyTorch's convention) and
+    NLL per target token, and sacreBLEU by beam size (1 = greedy). ValueError if a line is
+    missing."""
+    done = _TORCH_DONE.search(text)
+    if not done:
+        raise ValueError("the baseline's output has no 'TRAINING DONE' line")
+    floats = ("epochs", "dev_cross_entropy", "dev_nll")
+    result: dict[str, Any] = {
+        key: float(value) if key in floats else int(value)
+        for key, value in done.groupdict().items()
+    }
+    setup = _TORCH_SETUP.search(text)
+    result.update({k: int(v) for k, v in setup.groupdict().items()} if setup else {})
+    result["bleu"] = {}
+    for match in _TORCH_BLEU.finditer(text):
+        mode = match["mode"]
+        result["bleu"][1 if mode == "greedy" else int(mode.removeprefix("beam"))] = float(
+            match["bleu"]
+        )
+        result["signature"] = match["signature"]
+    if not result["bleu"]:
+        raise ValueError("the baseline's output has no 'TEST2016 ...: BLEU = ' line")
+    return result
+
+
+def check_vs_torch(args: argparse.Namespace, marks: list[float]) -> None:
+    """ValueError, before anything runs, if the baseline cannot run as asked."""
+    if len(marks) > 1:
+        raise ValueError(f"--vs-torch compares one budget, got --minutes {args.minutes}")
+    if not os.path.isfile(args.torch_script):
+        raise ValueError(f"--vs-torch: no baseline script at {args.torch_script} (--torch-script)")
+    if not torch_installed():
+        raise ValueError("--vs-torch: torch is not installed (pip install torch)")
+    for field, expected in {**TORCH_DATA, **TORCH_LANGS}.items():
+        if (value := getattr(args, field)) != expected:
+            flag = "--" + field.replace("_", "-")
+            raise ValueError(
+                f"--vs-torch: the baseline reads only {TORCH_DATA['train_split']}, "
+                f"{TORCH_DATA['eval_split']} and {TORCH_DATA['test_split']} in "
+                f"{TORCH_LANGS['src_lang']}->{TORCH_LANGS['tgt_lang']}; got {flag} {value}"
+            )
+
+
+def torch_installed() -> bool:
+    return importlib.util.find_spec("torch") is not None
+
+
+def run_torch(command: list[str], log_path: str) -> dict[str, Any]:
+    """Run the baseline ``command`` to its end; its parsed results and wall-clock seconds."""
+    start = time.perf_counter()
+    with open(log_path, "w") as log:
+        returncode = subprocess.run(
+            command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT
+        ).returncode
     with open(log_path, errors="replace") as f:
         text = f.read()
-    match = re.search(r"(\d+) training pairs .*?(\d+) batches per epoch", text)
-    if not match:
-        return {}
-    return {"train_pairs": int(match.group(1)), "batches_per_epoch": int(match.group(2))}
+    if returncode != 0:
+        raise RuntimeError(
+            f"the baseline failed (exit {returncode}); end of {log_path}:\n{text[-3000:]}"
+        )
+    try:
+        results = parse_torch_output(text)
+    except ValueError as e:
+        raise ValueError(f"{e} ({log_path})") from None
+    return {**results, "wall_s": time.perf_counter() - start}
+
+
+def compare(project: dict[str, Any], baseline: dict[str, Any]) -> list[dict[str, Any]]:
+    """The side-by-side rows: each measure, its meaning, both values and the difference."""
+    latest = {r["beam"]: r for r in project["test"] if r["checkpoint"] == "latest"}
+    rows = []
+    for beam in sorted(set(latest) & set(baseline["bleu"]), reverse=True):
+        name = "greedy" if beam == 1 else f"beam {beam}"
+        rows.append(
+            (
+                f"test BLEU, {name}",
+                "sacreBLEU 13a, newest checkpoint",
+                latest[beam]["bleu"],
+                baseline["bleu"][beam],
+            )
+        )
+    first = next(iter(latest.values()))
+    rows += [
+        ("steps", "updates in the budget", project["step"], baseline["steps"]),
+        ("epochs", "passes over the training pairs", project["epochs"], baseline["epochs"]),
+        (
+            "seconds counted",
+            "the budget's clock (see below)",
+            project["train_wall_s"],
+            float(baseline["train_s"]),
+        ),
+        (
+            "target tokens/s",
+            "target tokens with EOS / seconds counted",
+            project["target_tokens_per_sec"],
+            float(baseline["target_tokens_per_sec"]),
+        ),
+        ("dev NLL", "per target token of its own BPE", first["dev_nll"], baseline["dev_nll"]),
+        (
+            "dev cross-entropy",
+            "vs the label-smoothed target",
+            first["dev_cross_entropy"],
+            baseline["dev_cross_entropy"],
+        ),
+    ]
+    return [
+        {"measure": m, "meaning": meaning, "project": p, "baseline": b, "difference": p - b}
+        for m, meaning, p, b in rows
+    ]
 
 
 def parse_marks(text: str) -> list[float]:
@@ -177,8 +334,6 @@ def evaluate(
 
 def loss_curve(workdir: str, points: int = 12) -> list[dict[str, Any]]:
     """About ``points`` records of ``metrics.jsonl`` (evenly spaced, the last included)."""
-    from transformer_jax.training.logs import read_metrics
-
     records = [r for r in read_metrics(workdir) if "loss" in r and "tokens_per_sec" in r]
     if len(records) <= points:
         return records
@@ -210,6 +365,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--average", type=int, default=0, help="also score the mean of the last N checkpoints"
     )
     parser.add_argument("--smoke", action="store_true", help="a tiny model for two steps")
+    parser.add_argument(
+        "--clock",
+        choices=("process", "loop"),
+        help="what the budget counts: all of train.py (process; the default) or its training "
+        "loop from its start, compilation included (loop; the default with --vs-torch)",
+    )
+    parser.add_argument(
+        "--vs-torch",
+        action="store_true",
+        help="first run the PyTorch baseline for the same minutes; print both side by side",
+    )
+    parser.add_argument(
+        "--torch-script", default=DEFAULT_TORCH_SCRIPT, help="the baseline (--vs-torch)"
+    )
+    parser.add_argument(
+        "--torch-args", default=TORCH_ARGS, help="the baseline's other arguments (--vs-torch)"
+    )
     parser.add_argument("--json", help="write the results to this file")
     args, passthrough = parser.parse_known_args(argv)
     unknown = [a for a in passthrough if not a.startswith("--config.")]
@@ -220,7 +392,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         raise ValueError(f"--data-dir {args.data_dir!r} is not a directory")
     if os.path.isdir(args.workdir) and os.listdir(args.workdir):
         raise ValueError(f"--workdir {args.workdir!r} is not empty: time-to-BLEU needs a new run")
+    if args.vs_torch:
+        check_vs_torch(args, marks)
     beams = [int(b) for b in args.beams.split(",")]
+    clock = args.clock or ("loop" if args.vs_torch else "process")
 
     workdir = os.path.abspath(args.workdir)
     os.makedirs(workdir, exist_ok=True)
@@ -239,10 +414,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     command += passthrough
     info = machine()
     print(f"machine: {describe_machine(info)}")
-    print(f"training for at most {marks[-1]:g} min:\n  {' '.join(command)}")
+    baseline = None
+    if args.vs_torch:
+        torch_dir = os.path.join(workdir, "torch_baseline")
+        torch_command = [sys.executable, args.torch_script, "--minutes", f"{marks[-1]:g}"]
+        torch_command += [*shlex.split(args.torch_args), "--data_dir", overrides["data.text_dir"]]
+        torch_command += ["--work_dir", torch_dir]
+        print(f"the baseline, {marks[-1]:g} min of training:\n  {' '.join(torch_command)}")
+        os.makedirs(torch_dir)
+        baseline = run_torch(torch_command, os.path.join(torch_dir, "output.log"))
+        baseline["command"] = torch_command
+        print(f"baseline: step {baseline['steps']}, BLEU by beam {baseline['bleu']}")
+    counted = "its training loop" if clock == "loop" else "all of train.py"
+    print(f"training for at most {marks[-1]:g} min of {counted}:\n  {' '.join(command)}")
     log_path = os.path.join(workdir, "train.log")
-    timing = train_within_budget(command, marks, log_path)
-    counts = parse_log(log_path)
+    clock_file = os.path.join(workdir, RUN_INFO_FILE) if clock == "loop" else None
+    timing = train_within_budget(command, marks, log_path, clock_file)
     from transformer_jax.training.checkpoints import SNAPSHOT_DIR, list_steps
 
     step = list_steps(workdir)[-1]
@@ -258,13 +445,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"averaged the checkpoints of steps {averaged}")
         scores += evaluate(workdir, args.test_split, beams, "averaged", marks[-1])
     curve = loss_curve(workdir)
-    epochs = step / counts["batches_per_epoch"] if counts else float("nan")
-    speeds = [r["tokens_per_sec"] for r in curve[1:]] or [float("nan")]
+    summary = run_summary(workdir, step, timing["train_wall_s"])
 
     print(
-        f"\ntrained {timing['train_wall_s'] / 60:.1f} min "
+        f"\ntrained {timing['train_wall_s'] / 60:.1f} min of {counted} "
         f"({'stopped by the budget' if timing['stopped_by_budget'] else 'finished'}): "
-        f"step {step}, {epochs:.2f} epochs; log {log_path}"
+        f"step {step}, {summary['epochs']:.2f} epochs; log {log_path}"
     )
     print(
         table(
@@ -322,17 +508,45 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "machine": info,
         "command": command,
         "minutes": marks,
+        "clock": clock,
         **timing,
-        **counts,
         "step": step,
-        "epochs": epochs,
-        "median_tokens_per_sec": sorted(speeds)[len(speeds) // 2],
+        **summary,
         "test": scores,
         "loss_curve": curve,
     }
+    if baseline is not None:
+        rows = compare(payload, baseline)
+        print_comparison(rows, args.test_split, os.path.basename(args.torch_script), clock)
+        payload["vs_torch"] = {"baseline": baseline, "comparison": rows}
     write_json(args.json, payload)
     return payload
 
 
+def print_comparison(rows: list[dict[str, Any]], test_split: str, script: str, clock: str) -> None:
+    print(f"\nthis project vs the PyTorch baseline ({script}), same machine, one after the other:")
+    headers = ["measure", "meaning", "this project", "torch baseline", "project - baseline"]
+    cells = [
+        [r["measure"], r["meaning"], r["project"], r["baseline"], r["difference"]] for r in rows
+    ]
+    print(table(headers, cells))
+    ours = {
+        "loop": "from its training loop's start (tokenizer and encoding not counted; "
+        "compilation, every step and any in-training evaluation counted)",
+        "process": "from train.py's start (tokenizer, encoding, compilation, every step and any "
+        "in-training evaluation counted)",
+    }[clock]
+    print(
+        f"test BLEU on {test_split}.\nseconds counted: the baseline's clock runs during its "
+        "training steps only (tokenizer, encoding, its periodic validation and decoding not "
+        f"counted); the project's {ours}.\ndev losses: the whole dev split, per target token, "
+        "each side with its own tokenizer; label smoothing 0.1 spread over all V classes in "
+        "PyTorch, over the V-1 others in the project (train.label_smoothing_convention)."
+    )
+
+
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except ValueError as e:  # a usage mistake: one line, nothing run
+        sys.exit(f"quality.py: {e}")

@@ -8,6 +8,7 @@ import dataclasses
 import importlib.util
 import json
 import os
+import subprocess
 import sys
 
 import jax
@@ -182,6 +183,153 @@ def test_quality_dev_metrics_equal_the_training_loops_final_evaluation(tmp_path)
     assert result["complete"] and result["eval_loss"] > 0
     for name in ("loss", "perplexity", "accuracy"):
         assert dev[name] == pytest.approx(result[f"eval_{name}"], rel=1e-5)
+
+
+# The baseline's output (../shared/bench/multi30k_torch.py): its log() lines, HH:MM:SS first.
+TORCH_OUTPUT = """\
+19:02:11 args {'data_dir': 'data', 'work_dir': 'w', 'minutes': 30.0, 'warmup': 200}
+19:02:31 tokenizer + encoding 19.8s; vocab 8000; train 29000 pairs, 412345 src / 423456 tgt \
+tokens (incl. EOS); max len src 43 tgt 47
+19:02:31 params 9,421,056 (embedding 2,048,000)
+19:02:35 first step done at 3.9s; 118 batches/epoch
+19:07:35 step 86 epoch 0.73 train_time 300s lr 2.13e-03 | train ls_loss 6.123 nll 5.789 | val \
+ls_loss 5.012 nll 4.567 ppl 96.25 | tgt tok/s 1234 (cumulative 1234) s/step 3.49 [val took 8.1s]
+19:32:40 TRAINING DONE: 881 steps, 7.47 epochs, 1801s training, 3162345 target tokens, 1756 tgt \
+tok/s; final val ls_loss 2.345 nll 1.678
+19:33:40 TEST2016 greedy: BLEU = 34.12 66.1/41.0/27.5/18.9 (BP = 1.000 ratio = 1.012 hyp_len = \
+12456 ref_len = 12310)  [nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0]  decode 21.4s
+19:36:40 TEST2016 beam4: BLEU = 35.40 67.2/42.3/28.6/19.8 (BP = 0.998 ratio = 0.998 hyp_len = \
+12290 ref_len = 12310)  [nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0]  decode 95.2s
+--- sample 0
+  SRC: Two young, White males are outside near many bushes.
+  REF: Zwei junge weiße Männer sind im Freien in der Nähe vieler Büsche.
+  GREEDY: Zwei junge weiße Männer sind draußen in der Nähe vieler Büsche.
+  BEAM4 : Zwei junge weiße Männer sind im Freien in der Nähe vieler Büsche.
+"""
+
+# A stand-in for the baseline: records its arguments, prints the real script's output.
+FAKE_TORCH = """\
+import json, os, sys
+work_dir = sys.argv[sys.argv.index("--work_dir") + 1]
+os.makedirs(work_dir, exist_ok=True)
+with open(os.path.join(work_dir, "argv.json"), "w") as f:
+    json.dump(sys.argv[1:], f)
+print({output!r})
+"""
+
+
+def test_quality_parses_the_baselines_output():
+    quality = _script("quality")
+    result = quality.parse_torch_output(TORCH_OUTPUT)
+    assert result["bleu"] == {1: 34.12, 4: 35.40}
+    assert result["signature"] == "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0"
+    assert (result["steps"], result["epochs"], result["train_s"]) == (881, 7.47, 1801)
+    assert (result["target_tokens"], result["target_tokens_per_sec"]) == (3162345, 1756)
+    assert (result["dev_cross_entropy"], result["dev_nll"]) == (2.345, 1.678)
+    assert (result["vocab_size"], result["train_pairs"]) == (8000, 29000)
+    with pytest.raises(ValueError, match="TRAINING DONE"):
+        quality.parse_torch_output(TORCH_OUTPUT.replace("TRAINING DONE", "training done"))
+    with pytest.raises(ValueError, match="TEST2016"):
+        quality.parse_torch_output(TORCH_OUTPUT.split("19:33:40")[0])
+
+
+def test_quality_reads_the_runs_files(tmp_path):
+    from transformer_jax.training.logs import METRICS_FILE, write_run_info
+
+    write_run_info(str(tmp_path), {"batches_per_epoch": 50, "target_tokens_per_epoch": 20_000})
+    records = [{"step": s, "loss": 1.0, "tokens_per_sec": 100.0 * s} for s in (10, 20, 30, 40)]
+    (tmp_path / METRICS_FILE).write_text("".join(json.dumps(r) + "\n" for r in records))
+    summary = _script("quality").run_summary(str(tmp_path), step=75, train_wall_s=60.0)
+    assert summary["run_info"]["batches_per_epoch"] == 50 and summary["epochs"] == 1.5
+    assert summary["target_tokens_per_sec"] == 1.5 * 20_000 / 60.0
+    assert summary["median_tokens_per_sec"] == 3000.0  # of the records after the first
+
+
+def test_quality_clock_starts_with_the_process_or_when_the_loop_writes_its_file(tmp_path):
+    """``--clock loop``: the budget counts from when ``run_info.json`` appears."""
+    child = (
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
+        "time.sleep(1.0)\n"
+        "open(sys.argv[1], 'w').close()\n"
+        "time.sleep(60)\n"
+    )
+    quality = _script("quality")
+    started = tmp_path / "started"
+    command = [sys.executable, "-c", child, str(started)]
+    loop = quality.train_within_budget(command, [0.01], str(tmp_path / "a.log"), str(started))
+    assert loop["stopped_by_budget"] and loop["setup_s"] >= 1.0
+    assert 0.6 <= loop["train_wall_s"] < 5.0
+    started.unlink()
+    process = quality.train_within_budget(command, [0.01], str(tmp_path / "b.log"))
+    assert process["stopped_by_budget"] and process["setup_s"] == 0.0
+    assert 0.6 <= process["train_wall_s"] < 1.0 and not started.exists()  # stopped before it
+
+
+def test_quality_vs_torch_refuses_in_one_line_before_anything_runs(tmp_path, monkeypatch):
+    quality = _script("quality")
+    data, run = tmp_path / "text", tmp_path / "run"
+    data.mkdir()
+    args = ["--minutes", "1", "--vs-torch", "--data-dir", str(data), "--workdir", str(run)]
+    missing = str(tmp_path / "absent.py")
+    cli = subprocess.run(
+        [sys.executable, f"{BENCHMARKS}/quality.py", *args, "--torch-script", missing],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert cli.returncode == 1 and cli.stdout == ""
+    assert (
+        cli.stderr == f"quality.py: --vs-torch: no baseline script at {missing} (--torch-script)\n"
+    )
+    script = tmp_path / "baseline.py"
+    script.write_text("")
+    args += ["--torch-script", str(script)]
+    monkeypatch.setattr(quality, "torch_installed", lambda: False)
+    with pytest.raises(ValueError, match="torch is not installed"):
+        quality.main(args)
+    monkeypatch.setattr(quality, "torch_installed", lambda: True)
+    with pytest.raises(ValueError, match="--tgt-lang fr"):
+        quality.main([*args, "--tgt-lang", "fr"])
+    with pytest.raises(ValueError, match="one budget"):
+        quality.main([*args, "--minutes", "30,60"])
+    assert not run.exists()
+
+
+@pytest.mark.slow  # a train.py process: tokenizer, two steps, checkpoints, decoding (~30 s)
+def test_quality_vs_torch_with_a_stand_in_baseline(tmp_path, monkeypatch, capsys):
+    quality = _script("quality")
+    monkeypatch.setattr(quality, "torch_installed", lambda: True)  # the stand-in needs none
+    script = tmp_path / "baseline.py"
+    script.write_text(FAKE_TORCH.format(output=TORCH_OUTPUT))
+    data, run = tmp_path / "text", tmp_path / "run"
+    data.mkdir()
+    _write_corpus(data)
+    args = ["--smoke", "--minutes", "10", "--data-dir", str(data), "--beams", "1", "--vs-torch"]
+    payload = quality.main([*args, "--torch-script", str(script), "--workdir", str(run)])
+    argv = json.loads((run / "torch_baseline" / "argv.json").read_text())
+    assert argv == [
+        *("--minutes", "10", "--warmup", "200", "--lr_scale", "0.5"),
+        *("--data_dir", str(data), "--work_dir", str(run / "torch_baseline")),
+    ]
+    assert payload["clock"] == "loop" and payload["setup_s"] > 0  # tokenizer not counted
+    assert payload["run_info"]["train_pairs"] == 60 and payload["step"] == 2
+    rows = {r["measure"]: r for r in payload["vs_torch"]["comparison"]}
+    assert list(rows) == [
+        "test BLEU, greedy",
+        "steps",
+        "epochs",
+        "seconds counted",
+        "target tokens/s",
+        "dev NLL",
+        "dev cross-entropy",
+    ]
+    assert rows["steps"] == {**rows["steps"], "project": 2, "baseline": 881, "difference": -879}
+    greedy = rows["test BLEU, greedy"]
+    assert greedy["baseline"] == 34.12 and greedy["project"] == payload["test"][0]["bleu"]
+    assert rows["dev NLL"]["project"] == payload["test"][0]["dev_nll"]
+    assert payload["vs_torch"]["baseline"]["bleu"] == {1: 34.12, 4: 35.40}
+    assert "| torch baseline |" in capsys.readouterr().out
 
 
 def test_quality_budget_marks():
