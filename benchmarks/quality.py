@@ -3,8 +3,8 @@ score the test split with sacreBLEU (beam search, the project's own decoding).
 
 The run is the project's own command, ``python train.py --config configs/multi30k.py``
 (any ``--config.<section>.<field>=value`` given here is passed on), started in a fresh
-workdir. The budget counts everything that command does: tokenizer training, encoding
-the data, compilation and the steps. When it is spent, the trainer gets SIGTERM, which
+workdir. The budget counts everything that command does (``--clock process``): tokenizer
+training, encoding the data, compilation and the steps. When it is spent, the trainer gets SIGTERM, which
 makes the training loop finish its step, save a checkpoint and exit. The newest
 checkpoint is then translated (``transformer_jax.inference.translation.translate_lines``, beam 4 and
 greedy) and scored (``transformer_jax.inference.bleu.bleu``), and its loss, perplexity and
