@@ -247,23 +247,25 @@ def test_quality_reads_the_runs_files(tmp_path):
 
 def test_quality_clock_starts_with_the_process_or_when_the_loop_writes_its_file(tmp_path):
     """``--clock loop``: the budget counts from when ``run_info.json`` appears."""
-    child = (
+    child = (  # writes argv[1] after argv[2] seconds, exits 0 on SIGTERM
         "import signal, sys, time\n"
         "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
-        "time.sleep(1.0)\n"
+        "time.sleep(float(sys.argv[2]))\n"
         "open(sys.argv[1], 'w').close()\n"
         "time.sleep(60)\n"
     )
     quality = _script("quality")
     started = tmp_path / "started"
     command = [sys.executable, "-c", child, str(started)]
-    loop = quality.train_within_budget(command, [0.01], str(tmp_path / "a.log"), str(started))
+    loop = quality.train_within_budget(
+        [*command, "1"], [0.01], str(tmp_path / "a.log"), str(started)
+    )
     assert loop["stopped_by_budget"] and loop["setup_s"] >= 1.0
     assert 0.6 <= loop["train_wall_s"] < 5.0
     started.unlink()
-    process = quality.train_within_budget(command, [0.01], str(tmp_path / "b.log"))
+    process = quality.train_within_budget([*command, "30"], [0.04], str(tmp_path / "b.log"))
     assert process["stopped_by_budget"] and process["setup_s"] == 0.0
-    assert 0.6 <= process["train_wall_s"] < 1.0 and not started.exists()  # stopped before it
+    assert 2.4 <= process["train_wall_s"] < 6.0 and not started.exists()  # stopped before it
 
 
 def test_quality_vs_torch_refuses_in_one_line_before_anything_runs(tmp_path, monkeypatch):
