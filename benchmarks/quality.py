@@ -4,8 +4,8 @@ score the test split with sacreBLEU (beam search, the project's own decoding).
 The run is the project's own command, ``python train.py --config configs/multi30k.py``
 (any ``--config.<section>.<field>=value`` given here is passed on), started in a fresh
 workdir. The budget counts everything that command does (``--clock process``): tokenizer
-training, encoding the data, compilation and the steps. When it is spent, the trainer gets SIGTERM, which
-makes the training loop finish its step, save a checkpoint and exit. The newest
+training, encoding the data, compilation and the steps. When it is spent, the trainer gets
+SIGTERM, which makes the training loop finish its step, save a checkpoint and exit. The newest
 checkpoint is then translated (``transformer_jax.inference.translation.translate_lines``, beam 4 and
 greedy) and scored (``transformer_jax.inference.bleu.bleu``), and its loss, perplexity and
 accuracy on every dev pair are measured (dev loss rising while training loss falls is
@@ -47,6 +47,7 @@ from typing import Any
 import _common  # noqa: F401  (puts the repository root on sys.path)
 from _common import ROOT, describe_machine, machine, table, write_json
 
+from transformer_jax.cli.train import EXIT_PREEMPTED
 from transformer_jax.training.logs import RUN_INFO_FILE, read_metrics, read_run_info
 
 DEFAULT_DATA = os.path.join(os.path.dirname(ROOT), "shared", "data", "multi30k")
@@ -80,8 +81,8 @@ def train_within_budget(
 ) -> dict[str, Any]:
     """Run ``command``; at each of ``marks`` (minutes, ascending) but the last send SIGUSR1
     (the loop saves a parameter snapshot and goes on), at the last SIGTERM (the loop
-    checkpoints and exits). The minutes count from the start of ``command``, or with
-    ``clock_file`` from when that file appears. Returns timings."""
+    checkpoints and exits with ``EXIT_PREEMPTED``). The minutes count from the start of
+    ``command``, or with ``clock_file`` from when that file appears. Returns timings."""
     launched = time.perf_counter()
     with open(log_path, "w") as log:
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
@@ -99,7 +100,7 @@ def train_within_budget(
                 stopped = last
         budget_s = time.perf_counter() - start
         returncode = proc.wait()
-    if returncode != 0:
+    if returncode != 0 and not (stopped and returncode == EXIT_PREEMPTED):
         with open(log_path) as f:
             tail = f.read()[-3000:]
         hint = " (the budget ended before the training loop started?)" if stopped else ""

@@ -247,14 +247,14 @@ def test_quality_reads_the_runs_files(tmp_path):
 
 def test_quality_clock_starts_with_the_process_or_when_the_loop_writes_its_file(tmp_path):
     """``--clock loop``: the budget counts from when ``run_info.json`` appears."""
-    child = (  # writes argv[1] after argv[2] seconds, exits 0 on SIGTERM
+    quality = _script("quality")
+    child = (  # writes argv[1] after argv[2] seconds; on SIGTERM exits as train.py does
         "import signal, sys, time\n"
-        "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
+        f"signal.signal(signal.SIGTERM, lambda *_: sys.exit({quality.EXIT_PREEMPTED}))\n"
         "time.sleep(float(sys.argv[2]))\n"
         "open(sys.argv[1], 'w').close()\n"
         "time.sleep(60)\n"
     )
-    quality = _script("quality")
     started = tmp_path / "started"
     command = [sys.executable, "-c", child, str(started)]
     loop = quality.train_within_budget(
