@@ -6,9 +6,13 @@ they change with ``TINY_CONFIG.replace(...)``; tests take the ``tiny_config`` an
 Nothing here starts a JAX backend at import: tests that set ``XLA_FLAGS`` still can.
 """
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 
@@ -23,6 +27,20 @@ ROOT = Path(__file__).resolve().parents[1]  # the repository
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0"
     os.environ["XLA_FLAGS"] = flags.strip()
+
+# One persistent XLA compilation cache for the session: the same tiny programs compile once,
+# whichever test, pytest-xdist worker, train.py subprocess or notebook kernel asks first
+# (workers and subprocesses inherit the variables). A fresh folder, removed at the end,
+# unless the user chose one.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="tj-test-xla-cache-")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], True)
+jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+jax.config.update(
+    "jax_persistent_cache_min_compile_time_secs",
+    float(os.environ.get("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", 0)),
+)
 
 # Two heads and two layers per stack (so that per-head and per-layer behaviour is visible),
 # small enough to compile in about a second.
@@ -77,10 +95,116 @@ REDUNDANT_HEAVY = {
 }
 
 
+# Heavy tests with a property of their own, marked slow here: CI runs them after the default
+# run (``.ci/run``: ``pytest -m slow``). A name without brackets covers all its parameters.
+HEAVY_RUN_BY_CI = {
+    "tests/test_notebooks.py::test_notebook_executes": "six fresh kernels, a training run",
+    "tests/training/test_loop.py::"
+    "test_sigkill_then_resume_matches_an_uninterrupted_run_and_sigterm_saves": (
+        "three train.py processes and a 120-step reference run"
+    ),
+    "tests/training/test_parallel.py::test_devices_and_parallel_kinds_agree": (
+        "a 4-device subprocess compiling pmap and shard_map steps (the `results` fixture)"
+    ),
+    "tests/training/test_parallel.py::"
+    "test_gradient_accumulation_equals_one_step_on_the_whole_batch": "the same subprocess",
+    "tests/training/test_parallel.py::test_each_device_gets_its_own_dropout_key": (
+        "the same subprocess"
+    ),
+    "tests/inference/test_search.py::test_decoder_only_model_decodes_over_its_cache": (
+        "eager greedy, cached and beam decoding of a decoder-only model"
+    ),
+    "tests/training/test_steps.py::test_donated_steps_use_the_states_key": (
+        "three training steps by hand, eagerly, and three donated ones"
+    ),
+    "tests/inference/test_decoding.py::test_sentence_alone_equals_inside_padded_batch": (
+        "greedy and beam search compiled for five shapes"
+    ),
+    "tests/inference/test_decoding.py::test_cached_steps_equal_full_decoder_pass[variant1]": (
+        "the second and third configurations; [variant0], the paper's, stays in the default run"
+    ),
+    "tests/inference/test_decoding.py::test_cached_steps_equal_full_decoder_pass[variant2]": (
+        "as [variant1]"
+    ),
+    "tests/inference/test_decoding.py::test_min_len_eos_none_and_sampling_through_the_wrappers": (
+        "three searches compiled; the rules themselves are checked by test_search.py"
+    ),
+    "tests/inference/test_decoding.py::test_large_beam_finds_the_exhaustive_best": (
+        "a beam of 96 and a full pass per hypothesis"
+    ),
+    "tests/kernels/test_matmul.py::"
+    "test_model_at_bfloat16_matmul_precision_is_close_to_float32_and_not_equal": (
+        "the model compiled at two precisions; the bfloat16 products themselves are checked "
+        "per product in the default run"
+    ),
+    "tests/kernels/test_kernels.py::test_xla_and_cpu_kernels_give_the_same_logits_and_gradients"
+    "[bfloat16-products]": "the kernel sets are compared in float32 by [float32]",
+    "tests/kernels/test_malloc.py::test_large_buffers_come_from_the_heap_and_stay_there": (
+        "subprocesses allocating a 64 MB array"
+    ),
+    "tests/model/test_model.py::test_both_norms_learn_a_copy_task": "300 training steps per norm",
+    "tests/model/test_model.py::TestShapes::test_encode_decode_halves__with_jit": (
+        "the jitted twin of __without_jit, which stays in the default run"
+    ),
+    "tests/model/test_scan_layers.py::test_cached_decoding_equals_the_unrolled_model": (
+        "cached decoding compiled scanned and unrolled"
+    ),
+    "tests/training/test_steps.py::"
+    "test_accumulated_micro_batches_sum_to_the_whole_batch_without_dropout": (
+        "gradients compiled for three batch shapes"
+    ),
+    "tests/training/test_steps.py::test_decoder_only_model_learns_a_sequence": (
+        "a decoder-only training run"
+    ),
+    "tests/training/test_nothing_lost.py::"
+    "test_train_py_mistakes_are_one_line_with_a_failure_code": (
+        "four train.py processes; one mistake's line is checked by "
+        "test_loop.py::test_train_py_prints_bad_config_without_traceback"
+    ),
+    "tests/training/test_loop.py::test_corrupt_latest_checkpoint_falls_back_to_the_previous": (
+        "two runs"
+    ),
+    "tests/training/test_loop.py::test_non_finite_parameters_are_never_saved": (
+        "a run saving a checkpoint every step"
+    ),
+    "tests/training/test_run_info.py::test_the_loop_writes_what_it_prints_and_a_resume_keeps_it": (
+        "a run and its resume"
+    ),
+    **{
+        f"tests/training/test_nothing_lost.py::{name}": "the `trained` fixture: a 4-step run"
+        for name in (
+            "test_a_config_change_is_refused_before_anything_is_written",
+            "test_a_resumable_change_is_recorded_and_config_json_follows",
+            "test_a_checkpoint_of_other_shapes_is_a_mismatch_not_unreadable",
+            "test_a_flipped_bit_is_caught_and_the_previous_checkpoint_used",
+            "test_a_second_writer_gets_the_holders_pid",
+            "test_a_failed_save_is_reported_at_once",
+        )
+    },
+    "tests/training/test_multihost.py::"
+    "test_two_processes_agree_on_flags_and_receive_process_zeros_bytes": (
+        "two processes starting JAX's distributed runtime"
+    ),
+    "tests/training/test_multihost.py::"
+    "test_train_py_under_mpirun_without_the_switch_is_refused_in_one_line": (
+        "train.py processes; the refusal itself is checked in-process by "
+        "test_a_launcher_without_the_switch_is_refused"
+    ),
+    "tests/training/test_loop.py::test_tfds_source_end_to_end_with_mock_data": (
+        "a run on mocked TFDS data: tokenizer, training, evaluation"
+    ),
+    "tests/test_public_api.py::"
+    "test_readme_library_example_trains_and_decodes_a_decoder_only_model": (
+        "the README's example: a training run and decoding"
+    ),
+}
+
+
 @pytest.hookimpl(tryfirst=True)  # before -m deselects
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if item.nodeid in REDUNDANT_HEAVY:
+        heavy = item.nodeid in HEAVY_RUN_BY_CI or item.nodeid.split("[")[0] in HEAVY_RUN_BY_CI
+        if item.nodeid in REDUNDANT_HEAVY or heavy:
             item.add_marker(pytest.mark.slow)
 
 

@@ -169,7 +169,7 @@ def test_untied_and_separate_vocabularies():
     assert params["src_embed"]["embedding"].shape == (30, 32)
     assert params["tgt_embed"]["embedding"].shape == (50, 32)
     assert params["decoder"]["logits"]["kernel"].shape == (32, 50)
-    assert Transformer(cfg).apply({"params": params}, src, tgt).shape == (2, 4, 50)
+    assert applier(cfg)({"params": params}, src, tgt).shape == (2, 4, 50)
 
 
 def test_shared_embedding_is_one_matrix():
@@ -196,7 +196,7 @@ def test_post_ln_and_pre_ln_differ_and_are_finite():
     for norm in ("post", "pre"):
         cfg = TINY.replace(norm=norm)
         params = init(cfg, src, tgt)
-        outs[norm] = Transformer(cfg).apply({"params": params}, src, tgt)
+        outs[norm] = applier(cfg)({"params": params}, src, tgt)
         assert jnp.isfinite(outs[norm]).all()
         assert ("final_norm" in params["encoder"]) == (norm == "pre")
     assert not np.allclose(outs["post"], outs["pre"])
@@ -272,7 +272,7 @@ def test_head_dims_may_differ_from_d_model_over_heads():
     attn = params["encoder"]["layer_0"]["self_attention"]
     assert attn["query"]["kernel"].shape == (32, 4, 6)
     assert attn["value"]["kernel"].shape == (32, 4, 10)
-    assert Transformer(cfg).apply({"params": params}, src, tgt).shape == (2, 4, 40)
+    assert applier(cfg)({"params": params}, src, tgt).shape == (2, 4, 40)
 
 
 def test_fused_model_matches_reference_model():

@@ -52,28 +52,6 @@ def micro_config(tmp_path, steps=8, every=4):
     return namespace["get_config"](), str(path)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def compilation_cache(tmp_path_factory):
-    """One persistent XLA cache for this module's runs, in-process and in subprocesses:
-    the same micro model compiles once instead of once per run."""
-    path = str(tmp_path_factory.mktemp("xla_cache"))
-    previous = (
-        jax.config.jax_compilation_cache_dir,
-        jax.config.jax_persistent_cache_min_compile_time_secs,
-    )
-    jax.config.update("jax_compilation_cache_dir", path)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = path
-    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
-    yield
-    del (
-        os.environ["JAX_COMPILATION_CACHE_DIR"],
-        os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"],
-    )
-    jax.config.update("jax_compilation_cache_dir", previous[0])
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", previous[1])
-
-
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
     """A workdir holding the micro run's tokenizer and encoded splits, copied into others."""

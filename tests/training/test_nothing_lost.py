@@ -15,7 +15,6 @@ import orbax.checkpoint as ocp
 import pytest
 from test_loop import (  # noqa: F401 - fixtures
     ROOT,
-    compilation_cache,
     losses,
     micro_config,
     prepared,
