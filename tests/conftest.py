@@ -1,4 +1,5 @@
-"""Shared test settings: the tiny model configuration and a batch for it.
+"""Shared test settings: the tiny model configuration and a batch for it, XLA's settings for
+the session (unoptimised CPU code, one compilation cache), and which heavy tests are slow.
 
 Test modules import ``TINY_CONFIG`` (``from conftest import TINY_CONFIG``) and state what
 they change with ``TINY_CONFIG.replace(...)``; tests take the ``tiny_config`` and

@@ -2,7 +2,8 @@
 
 Kernels start in notebooks/ with TJ_NOTEBOOK_QUICK=1 (small sizes, a 20-step training run)
 on CPU; notebooks 02 and 04 share that run through TJ_NOTEBOOK_WORKDIR (a temporary folder).
-Run alone with ``pytest tests/test_notebooks.py`` (one notebook: ``-k 03_positional``).
+Executing them is marked slow (``tests/conftest.py``): ``pytest -m slow tests/test_notebooks.py``
+(one notebook: ``-k 03_positional``).
 """
 
 import re
