@@ -47,8 +47,18 @@ from typing import Any
 import _common  # noqa: F401  (puts the repository root on sys.path)
 from _common import ROOT, describe_machine, machine, table, write_json
 
+from transformer_jax.cli.average import average_checkpoints
 from transformer_jax.cli.train import EXIT_PREEMPTED
+from transformer_jax.data import load_pairs, load_tokenizer
+from transformer_jax.data.pipeline import eval_split_batches
+from transformer_jax.inference.bleu import bleu
+from transformer_jax.inference.translation import translate_lines
+from transformer_jax.model.config import from_config_dict
+from transformer_jax.model.transformer import Transformer
+from transformer_jax.training.checkpoints import SNAPSHOT_DIR, list_steps, load_run
+from transformer_jax.training.evaluator import evaluate_loss
 from transformer_jax.training.logs import RUN_INFO_FILE, read_metrics, read_run_info
+from transformer_jax.training.parallel import DataParallel
 
 DEFAULT_DATA = os.path.join(os.path.dirname(ROOT), "shared", "data", "multi30k")
 DEFAULT_CONFIG = os.path.join(ROOT, "configs", "multi30k.py")
@@ -270,10 +280,6 @@ def dev_metrics(
 ) -> dict[str, float]:
     """Loss (label-smoothed), perplexity and accuracy of ``params`` on every pair of the
     run's dev split (``config.data.eval_split``), measured as ``train.py`` measures them."""
-    from transformer_jax.data.pipeline import eval_split_batches
-    from transformer_jax.model.transformer import Transformer
-    from transformer_jax.training.evaluator import evaluate_loss
-    from transformer_jax.training.parallel import DataParallel
 
     dp = DataParallel(
         config.train.parallel, Transformer(model_config), config.train.label_smoothing
@@ -287,11 +293,6 @@ def evaluate(
 ) -> list[dict[str, Any]]:
     """sacreBLEU on ``split`` of one checkpoint ('latest', 'averaged' or 'snapshots/STEP',
     the parameters after ``minutes`` of training), per beam size, with its dev metrics."""
-    from transformer_jax.data import load_pairs, load_tokenizer
-    from transformer_jax.inference.bleu import bleu
-    from transformer_jax.inference.translation import translate_lines
-    from transformer_jax.model.config import from_config_dict
-    from transformer_jax.training.checkpoints import load_run
 
     config, params, step = load_run(workdir, checkpoint)
     model_config = from_config_dict(config.model)
@@ -431,7 +432,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     log_path = os.path.join(workdir, "train.log")
     clock_file = os.path.join(workdir, RUN_INFO_FILE) if clock == "loop" else None
     timing = train_within_budget(command, marks, log_path, clock_file)
-    from transformer_jax.training.checkpoints import SNAPSHOT_DIR, list_steps
 
     step = list_steps(workdir)[-1]
     scores = []
@@ -440,8 +440,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         scores += evaluate(workdir, args.test_split, beams, f"{SNAPSHOT_DIR}/{snapshot}", minutes)
     scores += evaluate(workdir, args.test_split, beams, "latest", marks[-1])
     if args.average > 1:
-        from transformer_jax.cli.average import average_checkpoints
-
         averaged, _ = average_checkpoints(workdir, min(args.average, len(list_steps(workdir))))
         print(f"averaged the checkpoints of steps {averaged}")
         scores += evaluate(workdir, args.test_split, beams, "averaged", marks[-1])
