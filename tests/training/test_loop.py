@@ -2,6 +2,7 @@
 evaluation, exact resume after SIGKILL, SIGTERM, SIGUSR1 snapshots, NaN stop, bad configs,
 TFDS (mocked)."""
 
+import gc
 import json
 import os
 import shutil
@@ -182,20 +183,34 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run_and_sigterm_saves(prep
     assert losses(workdir) == losses(reference)  # exact: same batches, same dropout keys
 
 
-def test_corrupt_latest_checkpoint_falls_back_to_the_previous(prepared, tmp_path, capsys):
+@pytest.mark.parametrize("damage", ["removed", "truncated"])
+def test_corrupt_latest_checkpoint_falls_back_to_the_previous(
+    prepared, tmp_path, capsys, caplog, monkeypatch, damage
+):
     config, _ = micro_config(tmp_path, steps=4, every=2)
     workdir = workdir_from(prepared, tmp_path / "run")
     train_and_evaluate(config, workdir)
     latest = os.path.join(workdir, "checkpoints", "4", "params")
-    for name in os.listdir(latest):  # damage the latest checkpoint's parameters
-        path = os.path.join(latest, name)
-        shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+    for root, dirs, files in os.walk(latest, topdown=False):  # damage the parameters
+        for name in files:
+            path = os.path.join(root, name)
+            if damage == "removed":
+                os.remove(path)
+            elif "ocdbt.process_" in root:  # the arrays' bytes; the index still names them
+                os.truncate(path, 10)
+        for name in dirs if damage == "removed" else []:
+            os.rmdir(os.path.join(root, name))
+    unraisable = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: unraisable.append(u.exc_value))
     config.train.num_steps = 5
     train_and_evaluate(config, workdir)
+    time.sleep(0.5)  # the reads orbax abandoned end, and are collected
+    gc.collect()
     out = capsys.readouterr().out
     assert "checkpoint 4 in" in out and "is unreadable" in out and "moved it to" in out
     assert "resuming from the checkpoint at step 2" in out
     assert os.path.isdir(os.path.join(workdir, "checkpoints", "4.unreadable"))
+    assert not unraisable and "never retrieved" not in caplog.text, (unraisable, caplog.text)
 
 
 def test_non_finite_parameters_are_never_saved(prepared, tmp_path):

@@ -11,7 +11,9 @@ is set aside and the one before it is used (see :class:`Checkpointer`).
 from __future__ import annotations
 
 import json
+import logging
 import os
+import sys
 import zlib
 from typing import Any
 
@@ -85,6 +87,50 @@ def _difference(saved: dict[str, tuple], expected: dict[str, tuple]) -> str:
         if items
     ]
     return "; ".join(parts)
+
+
+class _AbandonedReads(logging.Filter):
+    """Silences the reads orbax leaves pending when restoring a checkpoint fails.
+
+    Orbax closes its event loop on the first read error; asyncio then logs each other
+    read's error ("... exception was never retrieved") when it is collected, and a read
+    ending after the close raises "Event loop is closed" into ``sys.unraisablehook``. For
+    the checkpoints in ``paths``, whose one warning line says what happened, both are
+    dropped; every other record and unraisable error passes on unchanged.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.paths: set[str] = set()
+        self._unraisablehook = sys.unraisablehook
+        logging.getLogger("asyncio").addFilter(self)
+
+    def add(self, path: str) -> None:
+        self.paths.add(os.path.join(os.path.abspath(path), ""))
+        if sys.unraisablehook != self._unraisable:  # first use, or replaced since
+            self._unraisablehook, sys.unraisablehook = sys.unraisablehook, self._unraisable
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return error is None or not any(path in str(error) for path in self.paths)
+
+    def _unraisable(self, unraisable: Any) -> None:
+        closed = unraisable.exc_type is RuntimeError and (
+            str(unraisable.exc_value) == "Event loop is closed"
+        )
+        if not closed:
+            self._unraisablehook(unraisable)
+
+
+_abandoned_reads: _AbandonedReads | None = None
+
+
+def _abandon_reads(path: str) -> None:
+    """Drop the errors of the pending reads of the checkpoint at ``path`` (see above)."""
+    global _abandoned_reads
+    if _abandoned_reads is None:
+        _abandoned_reads = _AbandonedReads()
+    _abandoned_reads.add(path)
 
 
 class Checkpointer:
@@ -189,6 +235,7 @@ class Checkpointer:
                 raise
             except Exception as e:  # noqa: BLE001 - any unreadable checkpoint: try the previous
                 error = e
+                _abandon_reads(os.path.join(self.directory, str(step)))
             (unreadable,) = any_process([error is not None])()  # all processes take one step
             if unreadable:
                 self._set_aside(step, error)
