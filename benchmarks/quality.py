@@ -223,17 +223,26 @@ def run_torch(command: list[str], log_path: str) -> dict[str, Any]:
 def compare(project: dict[str, Any], baseline: dict[str, Any]) -> list[dict[str, Any]]:
     """The side-by-side rows: each measure, its meaning, both values and the difference."""
     latest = {r["beam"]: r for r in project["test"] if r["checkpoint"] == "latest"}
+    averaged = {r["beam"]: r for r in project["test"] if r["checkpoint"] == "averaged"}
     rows = []
-    for beam in sorted(set(latest) & set(baseline["bleu"]), reverse=True):
-        name = "greedy" if beam == 1 else f"beam {beam}"
-        rows.append(
-            (
-                f"test BLEU, {name}",
-                "sacreBLEU 13a, newest checkpoint",
-                latest[beam]["bleu"],
-                baseline["bleu"][beam],
+    for scores, checkpoint, label in (
+        (latest, "newest checkpoint", ""),
+        (
+            averaged,
+            f"mean of the last {len(project['averaged_steps'])} checkpoints",
+            ", averaged",
+        ),
+    ):
+        for beam in sorted(set(scores) & set(baseline["bleu"]), reverse=True):
+            name = "greedy" if beam == 1 else f"beam {beam}"
+            rows.append(
+                (
+                    f"test BLEU, {name}{label}",
+                    f"sacreBLEU 13a, {checkpoint}",
+                    scores[beam]["bleu"],
+                    baseline["bleu"][beam],
+                )
             )
-        )
     first = next(iter(latest.values()))
     rows += [
         ("steps", "updates in the budget", project["step"], baseline["steps"]),
@@ -439,6 +448,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for minutes, snapshot in zip(marks, snapshots, strict=False):
         scores += evaluate(workdir, args.test_split, beams, f"{SNAPSHOT_DIR}/{snapshot}", minutes)
     scores += evaluate(workdir, args.test_split, beams, "latest", marks[-1])
+    averaged = []
     if args.average > 1:
         averaged, _ = average_checkpoints(workdir, min(args.average, len(list_steps(workdir))))
         print(f"averaged the checkpoints of steps {averaged}")
@@ -511,6 +521,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         **timing,
         "step": step,
         **summary,
+        "averaged_steps": averaged,
         "test": scores,
         "loss_curve": curve,
     }

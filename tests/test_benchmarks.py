@@ -308,6 +308,7 @@ def test_quality_vs_torch_with_a_stand_in_baseline(tmp_path, monkeypatch, capsys
     data.mkdir()
     _write_corpus(data)
     args = ["--smoke", "--minutes", "10", "--data-dir", str(data), "--beams", "1", "--vs-torch"]
+    args += ["--average", "2"]
     payload = quality.main([*args, "--torch-script", str(script), "--workdir", str(run)])
     argv = json.loads((run / "torch_baseline" / "argv.json").read_text())
     assert argv == [
@@ -319,6 +320,7 @@ def test_quality_vs_torch_with_a_stand_in_baseline(tmp_path, monkeypatch, capsys
     rows = {r["measure"]: r for r in payload["vs_torch"]["comparison"]}
     assert list(rows) == [
         "test BLEU, greedy",
+        "test BLEU, greedy, averaged",
         "steps",
         "epochs",
         "seconds counted",
@@ -329,6 +331,12 @@ def test_quality_vs_torch_with_a_stand_in_baseline(tmp_path, monkeypatch, capsys
     assert rows["steps"] == {**rows["steps"], "project": 2, "baseline": 881, "difference": -879}
     greedy = rows["test BLEU, greedy"]
     assert greedy["baseline"] == 34.12 and greedy["project"] == payload["test"][0]["bleu"]
+    averaged = rows["test BLEU, greedy, averaged"]
+    assert averaged["meaning"] == "sacreBLEU 13a, mean of the last 2 checkpoints"
+    assert averaged["project"] == payload["test"][-1]["bleu"] and payload["averaged_steps"] == [
+        1,
+        2,
+    ]
     assert rows["dev NLL"]["project"] == payload["test"][0]["dev_nll"]
     assert payload["vs_torch"]["baseline"]["bleu"] == {1: 34.12, 4: 35.40}
     assert "| torch baseline |" in capsys.readouterr().out
