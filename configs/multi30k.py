@@ -20,7 +20,7 @@ def get_config():
     config.model.d_ff = 1024  # 4 x d_model, as in the paper
     config.model.num_encoder_layers = 3  # half the paper's depth: more steps in the budget
     config.model.num_decoder_layers = 3
-    config.model.dropout_rate = 0.1  # the paper's base: 0.3 learns too slowly for ~1,800 steps
+    config.model.dropout_rate = 0.1  # the paper's base P_drop; 0.2 and 0.3 scored lower on val
     config.model.matmul_precision = "bfloat16"  # ~2x the steps per hour on CPUs with AMX
     config.model.max_len = 128  # positions for the longest caption plus decoding's extra 50
 
