@@ -333,10 +333,8 @@ def test_quality_vs_torch_with_a_stand_in_baseline(tmp_path, monkeypatch, capsys
     assert greedy["baseline"] == 34.12 and greedy["project"] == payload["test"][0]["bleu"]
     averaged = rows["test BLEU, greedy, averaged"]
     assert averaged["meaning"] == "sacreBLEU 13a, mean of the last 2 checkpoints"
-    assert averaged["project"] == payload["test"][-1]["bleu"] and payload["averaged_steps"] == [
-        1,
-        2,
-    ]
+    assert averaged["project"] == payload["test"][-1]["bleu"]
+    assert payload["averaged_steps"] == [1, 2]
     assert rows["dev NLL"]["project"] == payload["test"][0]["dev_nll"]
     assert payload["vs_torch"]["baseline"]["bleu"] == {1: 34.12, 4: 35.40}
     assert "| torch baseline |" in capsys.readouterr().out

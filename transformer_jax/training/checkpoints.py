@@ -102,7 +102,6 @@ class _AbandonedReads(logging.Filter):
     def __init__(self) -> None:
         super().__init__()
         self.paths: set[str] = set()
-        self._unraisablehook = sys.unraisablehook
         logging.getLogger("asyncio").addFilter(self)
 
     def add(self, path: str) -> None:
