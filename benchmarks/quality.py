@@ -28,6 +28,8 @@ compilation counted, as it is part of training in JAX).
     python benchmarks/quality.py --minutes 30 --workdir runs/multi30k-30min
     python benchmarks/quality.py --minutes 30,60 --workdir runs/multi30k-60min --json out.json
     python benchmarks/quality.py --minutes 30 --vs-torch --workdir runs/vs-torch-30min
+    python benchmarks/quality.py --minutes 60 --vs-torch --config configs/multi30k.py:60 \
+        --average 5 --workdir runs/vs-torch-60min
     python benchmarks/quality.py --minutes 30 --data-dir DIR --src-lang en --tgt-lang fr
 """
 

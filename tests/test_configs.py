@@ -12,11 +12,11 @@ from transformer_jax.training.validation import validate_config
 CONFIGS = os.path.join(str(ROOT), "configs")
 
 
-def load(name):
+def load(name, *args):
     spec = importlib.util.spec_from_file_location(f"config_{name}", f"{CONFIGS}/{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.get_config()
+    return module.get_config(*args)
 
 
 @pytest.mark.parametrize("name", sorted(f[:-3] for f in os.listdir(CONFIGS) if f.endswith(".py")))
@@ -33,3 +33,14 @@ def test_base_and_big_are_the_papers_table_3_models():
     assert base == TransformerConfig()  # d_model 512, h 8, d_ff 2048, N 6, P_drop 0.1
     assert (big.d_model, big.num_heads, big.d_ff, big.dropout_rate) == (1024, 16, 4096, 0.3)
     assert big.num_encoder_layers == big.num_decoder_layers == 6
+
+
+def test_multi30k_takes_the_budget_it_was_tuned_for(tmp_path):
+    """``configs/multi30k.py:60``: the 60-minute settings; only the dropout differs."""
+    short, thirty, long = load("multi30k"), load("multi30k", "30"), load("multi30k", "60")
+    assert short.to_dict() == thirty.to_dict()
+    assert (short.model.dropout_rate, long.model.dropout_rate) == (0.1, 0.2)
+    long.model.dropout_rate = 0.1
+    assert long.to_dict() == short.to_dict()
+    with pytest.raises(ValueError, match="MINUTES takes one of"):
+        load("multi30k", "45")

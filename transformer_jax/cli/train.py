@@ -97,7 +97,10 @@ def _parse_flags(argv: list[str]) -> list[str]:
     try:
         return FLAGS(argv)
     except flags.Error as e:
-        _fail(str(e), EXIT_USAGE)
+        text = str(e).strip()
+        if "Traceback" in text:  # the config file's get_config raised: its last line says why
+            _fail(f"bad --config: {text.splitlines()[-1]}", EXIT_USAGE)
+        _fail(text, EXIT_USAGE)
     except (KeyError, AttributeError, TypeError, ValueError) as e:
         _config_error(e)
     except SyntaxError as e:
