@@ -35,7 +35,7 @@ def test_base_and_big_are_the_papers_table_3_models():
     assert big.num_encoder_layers == big.num_decoder_layers == 6
 
 
-def test_multi30k_takes_the_budget_it_was_tuned_for(tmp_path):
+def test_multi30k_takes_the_budget_it_was_tuned_for():
     """``configs/multi30k.py:60``: the 60-minute settings; only the dropout differs."""
     short, thirty, long = load("multi30k"), load("multi30k", "30"), load("multi30k", "60")
     assert short.to_dict() == thirty.to_dict()
