@@ -21,10 +21,10 @@ def get_config(minutes: str = "30"):
         raise ValueError(f"configs/multi30k.py:MINUTES takes one of {BUDGETS}, got {minutes!r}")
     config = default_config()
     config.model.vocab_size = 8000  # shared BPE pieces: 4,000 scored lower on val, 12,000 no higher
-    config.model.d_model = 256  # the PyTorch baseline's small model, trainable in an hour
+    config.model.d_model = 256  # the PyTorch baseline's; 384 scored lower on val in equal time
     config.model.num_heads = 4  # d_k = d_v = 64, as in the paper
     config.model.d_ff = 1024  # 4 x d_model, as in the paper
-    config.model.num_encoder_layers = 3  # half the paper's depth: more steps in the budget
+    config.model.num_encoder_layers = 3  # half the paper's; 6 + 6 pre-LN scored lower in equal time
     config.model.num_decoder_layers = 3
     # The paper's base P_drop in 30 minutes (0.2 and 0.3 scored lower on val); twice the
     # steps overfit with 0.1, and 0.2 scored higher on val after 60 minutes' worth.
