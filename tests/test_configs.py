@@ -51,3 +51,16 @@ def test_multi30k_takes_the_budget_it_was_tuned_for(tmp_path):
     assert long.to_dict() == short.to_dict()
     with pytest.raises(ValueError, match="MINUTES takes one of"):
         load("multi30k", "45")
+
+
+@pytest.mark.parametrize(
+    "flags,expected", [("avx2 avx512f avx512_bf16", "bfloat16"), ("avx2", "float32")]
+)
+def test_multi30k_multiplies_in_the_cpus_fastest_arithmetic(monkeypatch, flags, expected):
+    """bfloat16 products on CPUs with bfloat16 instructions, float32 on others (tuned on val)."""
+    from transformer_jax.kernels import cpuinfo
+
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    monkeypatch.setattr(cpuinfo, "cpu_flags", lambda path=cpuinfo.CPUINFO: frozenset(flags.split()))
+    for minutes in ("30", "60"):
+        assert load("multi30k", minutes).model.matmul_precision == expected

@@ -10,15 +10,6 @@ DEVICES = "--xla_force_host_platform_device_count=4"
 WIDE = "--xla_cpu_prefer_vector_width=512"
 
 
-def test_has_avx512_reads_the_cpu_flags(tmp_path):
-    with_it, without = tmp_path / "with", tmp_path / "without"
-    with_it.write_text("processor\t: 0\nflags\t\t: fpu sse avx2 avx512f avx512bw amx_bf16\n")
-    without.write_text("processor\t: 0\nflags\t\t: fpu sse avx2 fma\n")
-    assert vectors.has_avx512(str(with_it))
-    assert not vectors.has_avx512(str(without))
-    assert not vectors.has_avx512(str(tmp_path / "missing"))
-
-
 @pytest.mark.parametrize(
     "avx512,before,after",
     [

@@ -11,7 +11,8 @@ Two kernel sets give the same values (tests check it):
 ``TransformerConfig.kernels = 'auto'`` takes ``cpu`` when the *target* platform
 (``TransformerConfig.platform``) is the CPU, ``xla`` otherwise
 (:func:`transformer_jax.options.resolve`). :func:`configure_process`
-applies the CPU runtime settings (:mod:`.malloc`, :mod:`.vectors`) on CPU hosts only.
+applies the CPU runtime settings (:mod:`.malloc`, :mod:`.vectors`) on CPU hosts only;
+:func:`fast_matmul_precision` names the products' arithmetic the target multiplies fastest.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from collections.abc import Callable
 
 import jax
 
-from transformer_jax.kernels import dropout, matmul, precision
+from transformer_jax.kernels import cpuinfo, dropout, matmul, precision
 from transformer_jax.kernels.malloc import retain_freed_memory
 from transformer_jax.kernels.vectors import prefer_wide_vectors
 from transformer_jax.options import PLATFORMS
@@ -83,14 +84,28 @@ def _distributions() -> list[importlib.metadata.Distribution]:
     return list(importlib.metadata.distributions())
 
 
+def target_platform(platform: str = "auto") -> str:
+    """``platform`` (a ``model.platform``), :func:`host_platform` for 'auto'."""
+    if platform not in PLATFORMS:
+        raise ValueError(f"model.platform must be one of {PLATFORMS}, got {platform!r}")
+    return host_platform() if platform == "auto" else platform
+
+
 def configure_process(platform: str = "auto") -> bool:
     """On a CPU platform, set glibc malloc to reuse freed pages and XLA:CPU to use 512-bit
     vectors on AVX-512; elsewhere nothing. Call it before JAX starts (``platform='auto'``:
     :func:`host_platform`). Returns whether it applied the settings."""
-    if platform not in PLATFORMS:
-        raise ValueError(f"model.platform must be one of {PLATFORMS}, got {platform!r}")
-    if (host_platform() if platform == "auto" else platform) != "cpu":
+    if target_platform(platform) != "cpu":
         return False
     retain_freed_memory()  # before XLA starts its threads
     prefer_wide_vectors()  # before XLA reads its flags
     return True
+
+
+def fast_matmul_precision(platform: str = "auto") -> str:
+    """The ``matmul_precision`` the target platform multiplies fastest: 'bfloat16' on GPUs and
+    TPUs and on CPUs with bfloat16 instructions (:func:`.cpuinfo.has_bfloat16_products`),
+    'float32' on other CPUs (``platform='auto'``: :func:`host_platform`)."""
+    if target_platform(platform) != "cpu":
+        return "bfloat16"
+    return "bfloat16" if cpuinfo.has_bfloat16_products() else "float32"

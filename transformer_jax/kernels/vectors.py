@@ -11,16 +11,9 @@ from __future__ import annotations
 
 import os
 
+from transformer_jax.kernels.cpuinfo import has_avx512
+
 FLAG = "--xla_cpu_prefer_vector_width"
-
-
-def has_avx512(cpuinfo: str = "/proc/cpuinfo") -> bool:
-    """Whether the CPU reports AVX-512 (``avx512f``); False where there is no cpuinfo."""
-    try:
-        with open(cpuinfo) as f:
-            return any(line.startswith("flags") and " avx512f" in line for line in f)
-    except OSError:
-        return False
 
 
 def prefer_wide_vectors() -> bool:
