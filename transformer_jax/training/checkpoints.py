@@ -94,9 +94,10 @@ class _AbandonedReads(logging.Filter):
 
     Orbax closes its event loop on the first read error; asyncio then logs each other
     read's error ("... exception was never retrieved") when it is collected, and a read
-    ending after the close raises "Event loop is closed" into ``sys.unraisablehook``. For
-    the checkpoints in ``paths``, whose one warning line says what happened, both are
-    dropped; every other record and unraisable error passes on unchanged.
+    ending after the close raises "Event loop is closed" into ``sys.unraisablehook``, which
+    can happen while ``restore`` is still raising: so each checkpoint is added before it is
+    read. For the checkpoints in ``paths``, a failed one's warning line says what happened,
+    and both are dropped; every other record and unraisable error passes on unchanged.
     """
 
     def __init__(self) -> None:
@@ -124,8 +125,8 @@ class _AbandonedReads(logging.Filter):
 _abandoned_reads: _AbandonedReads | None = None
 
 
-def _abandon_reads(path: str) -> None:
-    """Drop the errors of the pending reads of the checkpoint at ``path`` (see above)."""
+def _abandon_failed_reads(path: str) -> None:
+    """Drop the errors of the reads a failed restore of ``path`` leaves pending (see above)."""
     global _abandoned_reads
     if _abandoned_reads is None:
         _abandoned_reads = _AbandonedReads()
@@ -219,6 +220,7 @@ class Checkpointer:
         template = {"params": state.params, "train": _train_items(state)}
         for step in sorted(self.manager.all_steps(), reverse=True):
             error = None
+            _abandon_failed_reads(os.path.join(self.directory, str(step)))
             try:
                 self._check_shapes(step, template)
                 restored = self.manager.restore(
@@ -234,7 +236,6 @@ class Checkpointer:
                 raise
             except Exception as e:  # noqa: BLE001 - any unreadable checkpoint: try the previous
                 error = e
-                _abandon_reads(os.path.join(self.directory, str(step)))
             (unreadable,) = any_process([error is not None])()  # all processes take one step
             if unreadable:
                 self._set_aside(step, error)
