@@ -65,8 +65,8 @@ def get_config(minutes: str = "30"):
         config.model.num_decoder_layers = 4
         config.model.dropout_rate = 0.2  # 0.1 and 0.3 scored lower on val after 60 minutes' worth
         # A long warmup to a high peak (4.9e-3 at step 2,000; 2.5e-3 still at step 8,000):
-        # on val it leads warmup 200 with scale 0.4 by 1.9 at the 4,200 steps a CPU without
-        # AVX-512 makes in 60 minutes, by 0.8 at 6,000, and ends 0.2 below it at 8,000
+        # on val it leads warmup 200 with scale 0.4 by 1.9 at 4,200 steps and by 0.8 at
+        # 6,000, and ends 0.2 below it at 8,000
         config.train.warmup_steps = 2000
         config.train.learning_rate_scale = 2.5
     return config

@@ -48,8 +48,8 @@ def test_multi30k_takes_the_budget_it_was_tuned_for(tmp_path):
     sized = ("d_model", "num_heads", "d_ff", "num_encoder_layers", "num_decoder_layers")
     for field in (*sized, "dropout_rate"):
         setattr(long.model, field, getattr(short.model, field))
-    long.train.learning_rate_scale = short.train.learning_rate_scale
-    long.train.warmup_steps = short.train.warmup_steps
+    for field in ("learning_rate_scale", "warmup_steps"):
+        setattr(long.train, field, getattr(short.train, field))
     assert long.to_dict() == short.to_dict()
     with pytest.raises(ValueError, match="MINUTES takes one of"):
         load("multi30k", "45")
