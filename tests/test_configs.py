@@ -36,7 +36,7 @@ def test_base_and_big_are_the_papers_table_3_models():
 
 
 def test_multi30k_takes_the_budget_it_was_tuned_for(tmp_path):
-    """``configs/multi30k.py:60``: smaller, deeper, its dropout and schedule; the rest as 30."""
+    """``configs/multi30k.py:60``: smaller, deeper, own dropout, schedule, alpha; the rest as 30."""
     short, thirty, long = load("multi30k"), load("multi30k", "30"), load("multi30k", "60")
     assert short.to_dict() == thirty.to_dict()
     long.data.text_dir = short.data.text_dir = str(tmp_path)  # not part of the project
@@ -45,11 +45,13 @@ def test_multi30k_takes_the_budget_it_was_tuned_for(tmp_path):
     assert (small.num_encoder_layers, small.num_decoder_layers, small.dropout_rate) == (4, 4, 0.2)
     assert (short.train.learning_rate_scale, long.train.learning_rate_scale) == (0.6, 2.5)
     assert (short.train.warmup_steps, long.train.warmup_steps) == (200, 2000)
+    assert (short.decode.alpha, long.decode.alpha) == (0.6, 1.5)
     sized = ("d_model", "num_heads", "d_ff", "num_encoder_layers", "num_decoder_layers")
     for field in (*sized, "dropout_rate"):
         setattr(long.model, field, getattr(short.model, field))
     for field in ("learning_rate_scale", "warmup_steps"):
         setattr(long.train, field, getattr(short.train, field))
+    long.decode.alpha = short.decode.alpha
     assert long.to_dict() == short.to_dict()
     with pytest.raises(ValueError, match="MINUTES takes one of"):
         load("multi30k", "45")
