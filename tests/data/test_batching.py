@@ -250,3 +250,49 @@ def test_pipeline_trains_tokenizer_once_and_caches_ids(tmp_path):
     )
     assert iterator.get_state() == {"epoch": 2, "index": 3}
     assert next(iterator)["src_segments"].shape == (64, 64)
+
+    config.update(bpe_dropout=0.2, max_len=128)  # each epoch's sources in new, smaller pieces
+    sampled = pipeline.train_iterator(config, workdir, tokenizer, num_shards=2)
+    config.bpe_dropout = 0.0
+    plain = pipeline.train_iterator(config, workdir, tokenizer, num_shards=2)
+    epoch = lambda it, e: collections.Counter(
+        p for planned in it.epoch_plan(e) for p in unpack(it.batcher.fill(planned))
+    )
+    pairs = [epoch(sampled, 0), epoch(sampled, 1), epoch(plain, 0)]
+    assert pairs[0] != pairs[1] and pairs[0] == epoch(sampled, 0)
+    text = lambda c: collections.Counter(
+        (tokenizer.decode(s), tokenizer.decode(t)) for s, t in c.elements()
+    )
+    assert text(pairs[0]) == text(pairs[1]) == text(pairs[2])  # the same pairs, aligned
+    targets = lambda c: collections.Counter(t for _, t in c.elements())
+    assert targets(pairs[0]) == targets(pairs[2])  # targets in the plain segmentation
+    source_tokens = lambda c: sum(len(s) for s, _ in c.elements())
+    assert source_tokens(pairs[0]) > 1.1 * source_tokens(pairs[2])
+
+
+def test_resampled_epochs_hold_their_own_pairs_and_resume_exactly():
+    def resample(epoch):  # new lengths every epoch, as BPE-dropout gives
+        return random_pairs(300, seed=100 + epoch)
+
+    def make():
+        batcher = Batcher(random_pairs(300), tokens_per_batch=256, max_len=MAX_LEN, packing=True)
+        return TrainIterator(batcher, seed=5, resample=resample)
+
+    run = make()
+    epochs = []
+    for epoch in range(2):
+        batches = [next(run) for _ in range(len(make().epoch_plan(epoch)))]
+        assert run.get_state() == {"epoch": epoch, "index": len(batches)}
+        found = collections.Counter(p for b in batches for p in unpack(b))
+        assert found == expected(resample(epoch))
+        epochs.append(found)
+    assert epochs[0] != epochs[1]
+
+    run, resumed = make(), make()
+    for _ in range(len(run.epoch_plan(0)) - 2):
+        next(run)
+    resumed.set_state(run.get_state())
+    for _ in range(5):  # across the epoch boundary
+        expected_batch, batch = next(run), next(resumed)
+        for key in batch:
+            np.testing.assert_array_equal(batch[key], expected_batch[key])

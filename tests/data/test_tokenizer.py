@@ -33,6 +33,17 @@ def test_round_trip(tokenizer):
     assert tokenizer.decode_batch(tokenizer.encode_batch(CORPUS[:5])) == CORPUS[:5]
 
 
+def test_bpe_dropout_splits_words_into_smaller_pieces_reproducibly(tokenizer):
+    texts = CORPUS[:200]
+    plain = tokenizer.encode_batch(texts)
+    sampled = tokenizer.encode_sampled(texts, 0.3, seed=7)
+    assert tokenizer.decode_batch(sampled) == texts  # the same text, other pieces
+    assert sum(map(len, sampled)) > 1.1 * sum(map(len, plain))
+    assert tokenizer.encode_sampled(texts, 0.3, seed=7) == sampled
+    assert tokenizer.encode_sampled(texts, 0.3, seed=8) != sampled
+    assert tokenizer.encode_sampled(texts, 1e-9, seed=7) == plain  # no merge dropped
+
+
 def test_decode_stops_at_eos_and_skips_pad_bos_and_unknown_ids(tokenizer):
     ids = tokenizer.encode("the cat")
     padded = [tk.BOS_ID, *ids, tokenizer.vocab_size + 7, tk.EOS_ID, *tokenizer.encode("dog"), 0]

@@ -234,6 +234,7 @@ def test_non_finite_parameters_are_never_saved(prepared, tmp_path):
         ("train.parallel", "gpus", "train.parallel must be one of"),
         ("train.label_smoothing", 1.5, "train.label_smoothing"),
         ("data.source", "csv", "data.source must be one of"),
+        ("data.bpe_dropout", 1.0, r"data.bpe_dropout must be a number in \(-1e-12, 1.0\)"),
         ("data.text_dir", "", "data.text_dir must be set"),
         ("data.max_len", 100, "data.max_len=100 must be <= model.max_len"),
         ("model.d_model", 31, "d_model=31 must be divisible by num_heads"),

@@ -19,7 +19,7 @@ longer than ``max_len`` are dropped and counted. The order of an epoch is a func
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -200,6 +200,18 @@ class Batcher:
         self.lengths = lengths
         self.dropped_too_long = len(pairs) - len(self.kept)
 
+    def with_pairs(self, pairs: EncodedPairs) -> Batcher:
+        """A batcher of the same budget, layout and shards over other ``pairs``."""
+        return Batcher(
+            pairs,
+            tokens_per_batch=self.tokens_per_batch,
+            max_len=self.max_len,
+            packing=self.packing,
+            num_shards=self.num_shards,
+            process_index=self.process_index,
+            process_count=self.process_count,
+        )
+
     def plan(self, order: np.ndarray) -> list[_Planned]:
         """Batches of the pairs ``order`` (indices of kept pairs) in this order."""
         if self.packing:
@@ -251,15 +263,26 @@ class TrainIterator(Iterator[Batch]):
     that state with ``set_state`` yields exactly the batches the original would have.
     ``stats()`` has the counts for the log: pairs kept, dropped as too long, batches per
     epoch, and the padding efficiency of the batches yielded so far.
+
+    ``resample(epoch)``, when given, supplies each epoch's pairs (the same pairs segmented
+    anew, as by BPE-dropout); it must be a function of ``epoch`` only, for exact resumes.
     """
 
-    def __init__(self, batcher: Batcher, seed: int = 0, epoch: int = 0, index: int = 0):
+    def __init__(
+        self,
+        batcher: Batcher,
+        seed: int = 0,
+        epoch: int = 0,
+        index: int = 0,
+        resample: Callable[[int], EncodedPairs] | None = None,
+    ):
         if len(batcher.kept) == 0:
             raise ValueError(
                 f"no training pair is at most data.max_len={batcher.max_len} tokens long"
             )
         self.batcher = batcher
         self.seed = seed
+        self.resample = resample
         self._plan_epoch: int | None = None
         self._plan: list[_Planned] = []
         self.set_state({"epoch": epoch, "index": index})
@@ -268,6 +291,8 @@ class TrainIterator(Iterator[Batch]):
 
     def epoch_plan(self, epoch: int) -> list[_Planned]:
         if self._plan_epoch != epoch:
+            if self.resample is not None:
+                self.batcher = self.batcher.with_pairs(self.resample(epoch))
             rng = np.random.default_rng([self.seed, epoch])
             order = rng.permutation(self.batcher.kept)
             plan = self.batcher.plan(order)

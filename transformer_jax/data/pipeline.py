@@ -64,6 +64,16 @@ def encode_pairs(tokenizer: Tokenizer, pairs: list[tuple[str, str]]) -> EncodedP
     return EncodedPairs.from_lists(src, tgt)
 
 
+def sample_sources(
+    tokenizer: Tokenizer, pairs: list[tuple[str, str]], dropout: float, seed: int, epoch: int
+) -> EncodedPairs:
+    """``pairs`` with the sources under BPE-dropout, sampled anew for each ``(seed, epoch)``;
+    the targets keep the one segmentation the model is scored and decodes in."""
+    sample_seed = int(np.random.default_rng([seed, epoch]).integers(2**31))
+    src = tokenizer.encode_sampled([s for s, _ in pairs], dropout, sample_seed)
+    return EncodedPairs.from_lists(src, tokenizer.encode_batch([t for _, t in pairs]))
+
+
 def encoded_split(data_config: Any, split: str, tokenizer: Tokenizer, workdir: str) -> EncodedPairs:
     """Token ids of all pairs of ``split``, from the workdir cache when present."""
     path = os.path.join(
@@ -110,9 +120,18 @@ def train_iterator(
     num_shards: int,
     state: dict[str, int] | None = None,
 ) -> TrainIterator:
-    """Training batches of ``data.train_split``; ``state`` is a saved ``get_state()``."""
+    """Training batches of ``data.train_split``; ``state`` is a saved ``get_state()``.
+
+    With ``data.bpe_dropout`` > 0 every epoch's sources are segmented anew under BPE-dropout.
+    """
     encoded = encoded_split(data_config, data_config.train_split, tokenizer, workdir)
-    iterator = TrainIterator(make_batcher(data_config, encoded, num_shards), data_config.seed)
+    resample = None
+    if data_config.bpe_dropout:
+        pairs = load_pairs(data_config, data_config.train_split)
+        dropout, seed = data_config.bpe_dropout, data_config.seed
+        resample = lambda epoch: sample_sources(tokenizer, pairs, dropout, seed, epoch)  # noqa: E731
+    batcher = make_batcher(data_config, encoded, num_shards)
+    iterator = TrainIterator(batcher, data_config.seed, resample=resample)
     if state is not None:
         iterator.set_state(state)
     return iterator

@@ -42,6 +42,18 @@ class Tokenizer:
     def encode_batch(self, texts: Sequence[str], num_threads: int = -1) -> list[list[int]]:
         return self._sp.encode(list(texts), num_threads=num_threads)
 
+    def encode_sampled(self, texts: Sequence[str], dropout: float, seed: int) -> list[list[int]]:
+        """BPE-dropout (Provilkov et al., 2020): token ids of ``texts`` with each merge skipped
+        with probability ``dropout``, so a word comes out in varying, smaller pieces.
+
+        The same ``(texts, dropout, seed)`` give the same ids in every process (one thread:
+        sentencepiece's sampling is reproducible only so).
+        """
+        spm.set_random_generator_seed(seed)
+        return self._sp.encode(
+            list(texts), enable_sampling=True, alpha=dropout, nbest_size=-1, num_threads=1
+        )
+
     def decode(self, ids: Iterable[int]) -> str:
         """Text of ``ids`` up to the first EOS; PAD, BOS and ids outside the vocabulary are
         skipped (a model may have more embedding rows than the tokenizer has pieces)."""

@@ -46,6 +46,7 @@ def default_config() -> ml_collections.ConfigDict:
     config.data.max_len = 256  # longer pairs (in tokens) are dropped and counted
     config.data.tokens_per_batch = 25000  # source and target tokens per step (§5.1)
     config.data.packing = False  # False: bucket by length; True: pack into segments
+    config.data.bpe_dropout = 0.0  # > 0: sources under BPE-dropout each epoch (not in the paper)
     config.data.seed = 0
 
     config.train = ml_collections.ConfigDict()

@@ -76,6 +76,8 @@ def validate_config(config: ml_collections.ConfigDict) -> TransformerConfig:
             f"data.tokens_per_batch={data.tokens_per_batch} must be >= data.max_len={data.max_len}"
         )
 
+    _float(config, "data", "bpe_dropout", -1e-12, 1.0)
+
     _int(config, "decode", "beam_size", 1)
     _int(config, "decode", "max_extra_len", 0)
     _float(config, "decode", "alpha", -1e-12)
