@@ -28,6 +28,14 @@ from transformer_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 Batch = dict[str, np.ndarray]
 
 
+def _flat(seqs: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """``seqs`` as one token array and the offsets where each sequence starts (and ends)."""
+    offsets = np.zeros(len(seqs) + 1, np.int64)
+    np.cumsum([len(s) for s in seqs], out=offsets[1:])
+    tokens = np.fromiter((t for s in seqs for t in s), np.int32, count=offsets[-1])
+    return tokens, offsets
+
+
 @dataclasses.dataclass(frozen=True)
 class EncodedPairs:
     """Token ids of N pairs (no BOS/EOS), stored flat: pair i's source is
@@ -42,14 +50,14 @@ class EncodedPairs:
     def from_lists(cls, src: Sequence[Sequence[int]], tgt: Sequence[Sequence[int]]) -> EncodedPairs:
         if len(src) != len(tgt):
             raise ValueError(f"{len(src)} source but {len(tgt)} target sequences")
+        return cls(*_flat(src), *_flat(tgt))
 
-        def flat(seqs: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
-            offsets = np.zeros(len(seqs) + 1, np.int64)
-            np.cumsum([len(s) for s in seqs], out=offsets[1:])
-            tokens = np.fromiter((t for s in seqs for t in s), np.int32, count=offsets[-1])
-            return tokens, offsets
-
-        return cls(*flat(src), *flat(tgt))
+    def with_sources(self, src: Sequence[Sequence[int]]) -> EncodedPairs:
+        """The same targets with other token ids for the sources (one per pair, in order)."""
+        if len(src) != len(self):
+            raise ValueError(f"{len(src)} source but {len(self)} target sequences")
+        tokens, offsets = _flat(src)
+        return dataclasses.replace(self, src=tokens, src_offsets=offsets)
 
     def __len__(self) -> int:
         return len(self.src_offsets) - 1

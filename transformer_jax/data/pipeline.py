@@ -65,13 +65,18 @@ def encode_pairs(tokenizer: Tokenizer, pairs: list[tuple[str, str]]) -> EncodedP
 
 
 def sample_sources(
-    tokenizer: Tokenizer, pairs: list[tuple[str, str]], dropout: float, seed: int, epoch: int
+    tokenizer: Tokenizer,
+    sources: list[str],
+    plain: EncodedPairs,
+    dropout: float,
+    seed: int,
+    epoch: int,
 ) -> EncodedPairs:
-    """``pairs`` with the sources under BPE-dropout, sampled anew for each ``(seed, epoch)``;
-    the targets keep the one segmentation the model is scored and decodes in."""
+    """``plain`` (the pairs of ``sources``) with the sources under BPE-dropout, sampled anew
+    for each ``(seed, epoch)``; the targets keep the one segmentation the model is scored and
+    decodes in."""
     sample_seed = int(np.random.default_rng([seed, epoch]).integers(2**31))
-    src = tokenizer.encode_sampled([s for s, _ in pairs], dropout, sample_seed)
-    return EncodedPairs.from_lists(src, tokenizer.encode_batch([t for _, t in pairs]))
+    return plain.with_sources(tokenizer.encode_sampled(sources, dropout, sample_seed))
 
 
 def encoded_split(data_config: Any, split: str, tokenizer: Tokenizer, workdir: str) -> EncodedPairs:
@@ -127,9 +132,9 @@ def train_iterator(
     encoded = encoded_split(data_config, data_config.train_split, tokenizer, workdir)
     resample = None
     if data_config.bpe_dropout:
-        pairs = load_pairs(data_config, data_config.train_split)
-        dropout, seed = data_config.bpe_dropout, data_config.seed
-        resample = lambda epoch: sample_sources(tokenizer, pairs, dropout, seed, epoch)  # noqa: E731
+        sources = [s for s, _ in load_pairs(data_config, data_config.train_split)]
+        args = (tokenizer, sources, encoded, data_config.bpe_dropout, data_config.seed)
+        resample = lambda epoch: sample_sources(*args, epoch)  # noqa: E731
     batcher = make_batcher(data_config, encoded, num_shards)
     iterator = TrainIterator(batcher, data_config.seed, resample=resample)
     if state is not None:
