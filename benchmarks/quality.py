@@ -25,11 +25,18 @@ decoding); so that both budgets count the same thing, the project's clock then s
 its training loop starts (``--clock loop``: tokenizer and encoding not counted,
 compilation counted, as it is part of training in JAX).
 
+``--ensemble N`` trains N models side by side for the same budget, each a ``train.py``
+process in ``{workdir}/member{i}`` with ``train.seed = data.seed = i`` on its own share of
+the CPU cores, then decodes them together (the mean of their next-token probabilities,
+``transformer_jax.inference.decoding``); each is also scored alone.
+
     python benchmarks/quality.py --minutes 30 --workdir runs/multi30k-30min
     python benchmarks/quality.py --minutes 30,60 --workdir runs/multi30k-60min --json out.json
     python benchmarks/quality.py --minutes 30 --vs-torch --workdir runs/vs-torch-30min
     python benchmarks/quality.py --minutes 60 --vs-torch --config configs/multi30k.py:60 \
         --average 5 --workdir runs/vs-torch-60min
+    python benchmarks/quality.py --minutes 60 --vs-torch --config configs/multi30k.py:60 \
+        --average 5 --ensemble 2 --workdir runs/vs-torch-60min-ensemble
     python benchmarks/quality.py --minutes 30 --data-dir DIR --src-lang en --tgt-lang fr
 """
 
@@ -50,8 +57,9 @@ import _common  # noqa: F401  (puts the repository root on sys.path)
 from _common import ROOT, describe_machine, machine, table, write_json
 
 from transformer_jax.cli.average import average_checkpoints
+from transformer_jax.cli.common import shared_tokenizer
 from transformer_jax.cli.train import EXIT_PREEMPTED
-from transformer_jax.data import load_pairs, load_tokenizer
+from transformer_jax.data import load_pairs
 from transformer_jax.data.pipeline import eval_split_batches
 from transformer_jax.inference.bleu import bleu
 from transformer_jax.inference.translation import translate_lines
@@ -95,34 +103,111 @@ def train_within_budget(
     (the loop saves a parameter snapshot and goes on), at the last SIGTERM (the loop
     checkpoints and exits with ``EXIT_PREEMPTED``). The minutes count from the start of
     ``command``, or with ``clock_file`` from when that file appears. Returns timings."""
-    launched = time.perf_counter()
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
-        while clock_file and not os.path.exists(clock_file) and proc.poll() is None:
-            time.sleep(0.05)
-        start = time.perf_counter() if clock_file else launched
-        stopped = False
-        for i, minutes in enumerate(marks):
-            try:
-                proc.wait(timeout=max(minutes * 60 - (time.perf_counter() - start), 0.0))
-                break  # finished (or failed) before the mark
-            except subprocess.TimeoutExpired:
-                last = i == len(marks) - 1
-                proc.send_signal(signal.SIGTERM if last else signal.SIGUSR1)
-                stopped = last
-        budget_s = time.perf_counter() - start
-        returncode = proc.wait()
-    if returncode != 0 and not (stopped and returncode == EXIT_PREEMPTED):
-        with open(log_path) as f:
-            tail = f.read()[-3000:]
-        hint = " (the budget ended before the training loop started?)" if stopped else ""
-        raise RuntimeError(f"training failed (exit {returncode}){hint}; end of {log_path}:\n{tail}")
+    return train_side_by_side([command], marks, [log_path], [clock_file])[0]
+
+
+def train_side_by_side(
+    commands: list[list[str]],
+    marks: list[float],
+    log_paths: list[str],
+    clock_files: list[str | None],
+    cpus: list[set[int]] | None = None,
+) -> list[dict[str, Any]]:
+    """:func:`train_within_budget` for several commands at once, each with its own clock
+    (and, with ``cpus``, on its own CPU cores). Returns each one's timings."""
+    launched, n = time.perf_counter(), len(commands)
+    starts: list[float | None] = [None] * n
+    ends: list[float | None] = [None] * n  # when the last mark was signalled, or the exit
+    signalled, stopped, exited = [0] * n, [False] * n, [0.0] * n
+    if cpus is not None:
+        commands = [pinned(command, c) for command, c in zip(commands, cpus, strict=True)]
+    logs = [open(path, "w") for path in log_paths]  # noqa: SIM115  (closed below)
+    try:
+        procs = [
+            subprocess.Popen(
+                command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=ROOT,
+            )
+            for command, log in zip(commands, logs, strict=True)
+        ]
+        while not all(exited):
+            now = time.perf_counter()
+            for i, proc in enumerate(procs):
+                if exited[i]:
+                    continue
+                running = proc.poll() is None
+                if starts[i] is None and (
+                    not clock_files[i] or os.path.exists(clock_files[i]) or not running
+                ):
+                    starts[i] = launched if not clock_files[i] else now
+                if not running:
+                    exited[i], ends[i] = now, ends[i] or now
+                    continue
+                while starts[i] is not None and signalled[i] < len(marks):
+                    if now - starts[i] < marks[signalled[i]] * 60:
+                        break
+                    last = signalled[i] == len(marks) - 1
+                    proc.send_signal(signal.SIGTERM if last else signal.SIGUSR1)
+                    stopped[i], ends[i] = last, now if last else None
+                    signalled[i] += 1
+            time.sleep(0.02)
+        returncodes = [proc.wait() for proc in procs]
+    finally:
+        for log in logs:
+            log.close()
+    for path, returncode, stop in zip(log_paths, returncodes, stopped, strict=True):
+        if returncode != 0 and not (stop and returncode == EXIT_PREEMPTED):
+            with open(path) as f:
+                tail = f.read()[-3000:]
+            hint = " (the budget ended before the training loop started?)" if stop else ""
+            raise RuntimeError(f"training failed (exit {returncode}){hint}; end of {path}:\n{tail}")
+    return [
+        {
+            "setup_s": starts[i] - launched,  # before the clock started (0 without a clock file)
+            "train_wall_s": ends[i] - starts[i],
+            "exit_wall_s": exited[i] - starts[i],
+            "stopped_by_budget": stopped[i],
+        }
+        for i in range(n)
+    ]
+
+
+def combined(summaries: list[dict[str, Any]]) -> dict[str, Any]:
+    """One run's timings and summary; of several side by side: the longest clock, and the
+    sums of their steps, epochs and token rates (the first one's ``run_info``)."""
+    if len(summaries) == 1:
+        return {k: v for k, v in summaries[0].items() if k != "workdir"}
+    total = lambda key: sum(s[key] for s in summaries)  # noqa: E731
     return {
-        "setup_s": start - launched,  # before the clock started (0 without clock_file)
-        "train_wall_s": budget_s,
-        "exit_wall_s": time.perf_counter() - start,
-        "stopped_by_budget": stopped,
+        **{
+            key: max(s[key] for s in summaries)
+            for key in ("setup_s", "train_wall_s", "exit_wall_s")
+        },
+        "stopped_by_budget": all(s["stopped_by_budget"] for s in summaries),
+        "step": total("step"),
+        "run_info": summaries[0]["run_info"],
+        **{key: total(key) for key in ("epochs", "median_tokens_per_sec", "target_tokens_per_sec")},
     }
+
+
+def pinned(command: list[str], cpus: set[int]) -> list[str]:
+    """``command`` run on the CPU cores ``cpus`` only (set in a Python process that then
+    becomes the command, so no code runs between fork and exec in this one)."""
+    pin = "import os, sys; os.sched_setaffinity(0, {}); os.execvp(sys.argv[1], sys.argv[1:])"
+    return [sys.executable, "-c", pin.format(sorted(cpus)), *command]
+
+
+def member_cpus(members: int) -> list[set[int]]:
+    """This process's CPU cores split into ``members`` equal contiguous shares."""
+    cores = sorted(os.sched_getaffinity(0))
+    if members > len(cores):
+        raise ValueError(
+            f"--ensemble {members} needs a core per model; this process has {len(cores)}"
+        )
+    share = len(cores) // members
+    return [set(cores[i * share : (i + 1) * share]) for i in range(members)]
 
 
 def run_summary(workdir: str, step: int, train_wall_s: float) -> dict[str, Any]:
@@ -224,8 +309,9 @@ def run_torch(command: list[str], log_path: str) -> dict[str, Any]:
 
 def compare(project: dict[str, Any], baseline: dict[str, Any]) -> list[dict[str, Any]]:
     """The side-by-side rows: each measure, its meaning, both values and the difference."""
-    latest = {r["beam"]: r for r in project["test"] if r["checkpoint"] == "latest"}
-    averaged = {r["beam"]: r for r in project["test"] if r["checkpoint"] == "averaged"}
+    headline = [r for r in project["test"] if r["model"] in ("single", "ensemble")]
+    latest = {r["beam"]: r for r in headline if r["checkpoint"] == "latest"}
+    averaged = {r["beam"]: r for r in headline if r["checkpoint"] == "averaged"}
     rows = []
     for scores, checkpoint, label in (
         (latest, "newest checkpoint", ""),
@@ -300,22 +386,37 @@ def dev_metrics(
 
 
 def evaluate(
-    workdir: str, split: str, beams: list[int], checkpoint: str, minutes: float
+    workdirs: list[str],
+    split: str,
+    beams: list[int],
+    checkpoint: str,
+    minutes: float,
+    model: str = "single",
 ) -> list[dict[str, Any]]:
     """sacreBLEU on ``split`` of one checkpoint ('latest', 'averaged' or 'snapshots/STEP',
-    the parameters after ``minutes`` of training), per beam size, with its dev metrics."""
+    the parameters after ``minutes`` of training), per beam size, with its dev metrics.
+    Several workdirs are decoded as an ensemble (the mean of their models' probabilities);
+    its step is the sum of theirs and its dev metrics the mean of theirs."""
 
-    config, params, step = load_run(workdir, checkpoint)
-    model_config = from_config_dict(config.model)
-    tokenizer = load_tokenizer(os.path.join(workdir, "tokenizer.model"))
-    dev = dev_metrics(config, model_config, params, tokenizer, workdir)
+    loaded = [load_run(workdir, checkpoint) for workdir in workdirs]
+    config = loaded[0][0]
+    tokenizer = shared_tokenizer(workdirs)
+    model_configs = [from_config_dict(run.model) for run, _, _ in loaded]
+    params = [p for _, p, _ in loaded]
+    devs = [
+        dev_metrics(run, model_config, p, tokenizer, workdir)
+        for (run, p, _), model_config, workdir in zip(loaded, model_configs, workdirs, strict=True)
+    ]
+    dev = {name: sum(d[name] for d in devs) / len(devs) for name in devs[0]}
+    if len(workdirs) == 1:
+        model_configs, params = model_configs[0], params[0]
     pairs = load_pairs(config.data, split)
     sources, references = [s for s, _ in pairs], [t for _, t in pairs]
     rows = []
     for beam in beams:
         start = time.perf_counter()
         hypotheses = translate_lines(
-            model_config,
+            model_configs,
             params,
             tokenizer,
             sources,
@@ -327,8 +428,9 @@ def evaluate(
         rows.append(
             {
                 "minutes": minutes,
+                "model": model,
                 "checkpoint": checkpoint,
-                "step": int(step),
+                "step": sum(int(step) for _, _, step in loaded),
                 "beam": beam,
                 "sentences": len(pairs),
                 "bleu": float(result.score),
@@ -395,6 +497,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--torch-args", default=TORCH_ARGS, help="the baseline's other arguments (--vs-torch)"
     )
+    parser.add_argument(
+        "--ensemble",
+        type=int,
+        default=1,
+        help="train N models side by side in {workdir}/member{i} (train.seed = data.seed = i, "
+        "each on 1/N of the CPU cores) and decode them as an ensemble; each is scored alone too",
+    )
     parser.add_argument("--json", help="write the results to this file")
     args, passthrough = parser.parse_known_args(argv)
     unknown = [a for a in passthrough if not a.startswith("--config.")]
@@ -407,6 +516,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         raise ValueError(f"--workdir {args.workdir!r} is not empty: time-to-BLEU needs a new run")
     if args.vs_torch:
         check_vs_torch(args, marks)
+    if args.ensemble < 1 or (args.ensemble > 1 and len(marks) > 1):
+        raise ValueError(f"--ensemble takes N >= 1 and one budget, got {args.ensemble} and "
+                         f"--minutes {args.minutes}")  # fmt: skip
+    cpus = member_cpus(args.ensemble) if args.ensemble > 1 else None
     beams = [int(b) for b in args.beams.split(",")]
     clock = args.clock or ("loop" if args.vs_torch else "process")
 
@@ -423,8 +536,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         **(SMOKE_OVERRIDES if args.smoke else {}),
     }
     command = [sys.executable, os.path.join(ROOT, "train.py"), f"--config={args.config}"]
-    command += [f"--workdir={workdir}", *(f"--config.{k}={v}" for k, v in overrides.items())]
-    command += passthrough
+    command += [*(f"--config.{k}={v}" for k, v in overrides.items()), *passthrough]
+    members = [workdir]
+    if args.ensemble > 1:
+        members = [os.path.join(workdir, f"member{i}") for i in range(args.ensemble)]
     info = machine()
     print(f"machine: {describe_machine(info)}")
     baseline = None
@@ -439,34 +554,49 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         baseline["command"] = torch_command
         print(f"baseline: step {baseline['steps']}, BLEU by beam {baseline['bleu']}")
     counted = "its training loop" if clock == "loop" else "all of train.py"
-    print(f"training for at most {marks[-1]:g} min of {counted}:\n  {' '.join(command)}")
-    log_path = os.path.join(workdir, "train.log")
-    clock_file = os.path.join(workdir, RUN_INFO_FILE) if clock == "loop" else None
-    timing = train_within_budget(command, marks, log_path, clock_file)
+    commands = [
+        [*command, f"--workdir={member}"]
+        + ([f"--config.train.seed={i}", f"--config.data.seed={i}"] if len(members) > 1 else [])
+        for i, member in enumerate(members)
+    ]
+    for member, member_command in zip(members, commands, strict=True):
+        os.makedirs(member, exist_ok=True)
+        print(f"training for at most {marks[-1]:g} min of {counted}:\n  {' '.join(member_command)}")
+    log_paths = [os.path.join(member, "train.log") for member in members]
+    clock_files = [os.path.join(m, RUN_INFO_FILE) if clock == "loop" else None for m in members]
+    timings = train_side_by_side(commands, marks, log_paths, clock_files, cpus)
 
-    step = list_steps(workdir)[-1]
-    scores = []
-    snapshots = list_steps(workdir, SNAPSHOT_DIR) if len(marks) > 1 else []
-    for minutes, snapshot in zip(marks, snapshots, strict=False):
-        scores += evaluate(workdir, args.test_split, beams, f"{SNAPSHOT_DIR}/{snapshot}", minutes)
-    scores += evaluate(workdir, args.test_split, beams, "latest", marks[-1])
-    averaged = []
-    if args.average > 1:
-        averaged, _ = average_checkpoints(workdir, min(args.average, len(list_steps(workdir))))
-        print(f"averaged the checkpoints of steps {averaged}")
-        scores += evaluate(workdir, args.test_split, beams, "averaged", marks[-1])
-    curve = loss_curve(workdir)
-    summary = run_summary(workdir, step, timing["train_wall_s"])
-
-    print(
-        f"\ntrained {timing['train_wall_s'] / 60:.1f} min of {counted} "
-        f"({'stopped by the budget' if timing['stopped_by_budget'] else 'finished'}): "
-        f"step {step}, {summary['epochs']:.2f} epochs; log {log_path}"
-    )
+    scores, summaries, averaged = [], [], []
+    for i, (member, timing) in enumerate(zip(members, timings, strict=True)):
+        model = "single" if len(members) == 1 else f"member {i}"
+        step = list_steps(member)[-1]
+        snapshots = list_steps(member, SNAPSHOT_DIR) if len(marks) > 1 else []
+        for minutes, snapshot in zip(marks, snapshots, strict=False):
+            checkpoint = f"{SNAPSHOT_DIR}/{snapshot}"
+            scores += evaluate([member], args.test_split, beams, checkpoint, minutes, model)
+        scores += evaluate([member], args.test_split, beams, "latest", marks[-1], model)
+        if args.average > 1:
+            averaged, _ = average_checkpoints(member, min(args.average, len(list_steps(member))))
+            print(f"{model}: averaged the checkpoints of steps {averaged}")
+            scores += evaluate([member], args.test_split, beams, "averaged", marks[-1], model)
+        summaries.append({"workdir": member, "step": step, **timing})
+        summaries[-1].update(run_summary(member, step, timing["train_wall_s"]))
+        print(
+            f"\n{model}: trained {timing['train_wall_s'] / 60:.1f} min of {counted} "
+            f"({'stopped by the budget' if timing['stopped_by_budget'] else 'finished'}): "
+            f"step {step}, {summaries[-1]['epochs']:.2f} epochs; log {log_paths[i]}"
+        )
+    if len(members) > 1:
+        together = evaluate(members, args.test_split, beams, "latest", marks[-1], "ensemble")
+        if args.average > 1:
+            together += evaluate(members, args.test_split, beams, "averaged", marks[-1], "ensemble")
+        scores = together + scores
+    curve = loss_curve(members[0])
     print(
         table(
             [
                 "minutes",
+                "model",
                 "test split",
                 "sentences",
                 "checkpoint",
@@ -480,6 +610,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             [
                 [
                     r["minutes"],
+                    r["model"],
                     args.test_split,
                     r["sentences"],
                     r["checkpoint"],
@@ -517,19 +648,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     payload = {
         "machine": info,
-        "command": command,
+        "command": commands[0] if len(commands) == 1 else commands,
         "minutes": marks,
         "clock": clock,
-        **timing,
-        "step": step,
-        **summary,
+        **combined(summaries),
         "averaged_steps": averaged,
         "test": scores,
         "loss_curve": curve,
     }
+    if len(members) > 1:
+        payload["members"] = summaries
     if baseline is not None:
         rows = compare(payload, baseline)
         print_comparison(rows, args.test_split, os.path.basename(args.torch_script), clock)
+        if len(members) > 1:
+            print(
+                f"the project: an ensemble of {len(members)} models trained side by side, each "
+                "on its share of the cores; steps, epochs and tokens/s are the sums of theirs, "
+                "dev losses the mean of theirs (each model alone)."
+            )
         payload["vs_torch"] = {"baseline": baseline, "comparison": rows}
     write_json(args.json, payload)
     return payload

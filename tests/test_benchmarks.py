@@ -268,6 +268,59 @@ def test_quality_clock_starts_with_the_process_or_when_the_loop_writes_its_file(
     assert 2.4 <= process["train_wall_s"] < 6.0 and not started.exists()  # stopped before it
 
 
+def test_quality_side_by_side_runs_have_their_own_clocks_and_cores(tmp_path):
+    """``--ensemble``: each process starts its clock when its own file appears, gets the
+    signal at its own mark, and runs on the cores it was given."""
+    quality = _script("quality")
+    child = (  # records its cores, writes argv[1] after argv[2] s, exits as train.py on SIGTERM
+        "import os, signal, sys, time\n"
+        f"signal.signal(signal.SIGTERM, lambda *_: sys.exit({quality.EXIT_PREEMPTED}))\n"
+        "print(sorted(os.sched_getaffinity(0)), flush=True)\n"
+        "time.sleep(float(sys.argv[2]))\n"
+        "open(sys.argv[1], 'w').close()\n"
+        "time.sleep(60)\n"
+    )
+    clocks = [str(tmp_path / "a.started"), str(tmp_path / "b.started")]
+    commands = [[sys.executable, "-c", child, clocks[0], "0.2"]]
+    commands += [[sys.executable, "-c", child, clocks[1], "1.5"]]
+    logs = [str(tmp_path / "a.log"), str(tmp_path / "b.log")]
+    cores = sorted(os.sched_getaffinity(0))
+    cpus = [{cores[0]}, {cores[-1]}]
+    first, second = quality.train_side_by_side(commands, [0.01], logs, clocks, cpus)
+    assert first["stopped_by_budget"] and second["stopped_by_budget"]
+    assert second["setup_s"] - first["setup_s"] >= 1.0  # each clock began with its own file
+    assert all(0.6 <= t["train_wall_s"] < 5.0 for t in (first, second))
+    for log, cpu in zip(logs, cpus, strict=True):
+        assert open(log).read().splitlines()[0] == str(sorted(cpu))
+
+
+def test_quality_ensemble_members_share_the_cores_and_the_headline_is_the_ensemble(
+    monkeypatch,
+):
+    quality = _script("quality")
+    monkeypatch.setattr(quality.os, "sched_getaffinity", lambda _: {0, 1, 2, 3, 5})
+    assert quality.member_cpus(2) == [{0, 1}, {2, 3}]
+    with pytest.raises(ValueError, match="--ensemble 6 needs a core per model"):
+        quality.member_cpus(6)
+    row = lambda model, checkpoint, score: {  # noqa: E731
+        "model": model, "checkpoint": checkpoint, "beam": 4, "bleu": score, "dev_nll": 1.5,
+        "dev_cross_entropy": 2.5,
+    }  # fmt: skip
+    project = {
+        "test": [row("ensemble", "latest", 41.0), row("member 0", "latest", 39.0)],
+        "averaged_steps": [],
+        "step": 9000,
+        "epochs": 80.0,
+        "train_wall_s": 3600.0,
+        "target_tokens_per_sec": 9000.0,
+    }
+    baseline = {"bleu": {4: 37.0}, "steps": 1700, "epochs": 14.0, "train_s": 3600}
+    baseline.update(target_tokens_per_sec=5000, dev_nll=1.9, dev_cross_entropy=2.9)
+    rows = {r["measure"]: r for r in quality.compare(project, baseline)}
+    assert rows["test BLEU, beam 4"]["project"] == 41.0
+    assert rows["test BLEU, beam 4"]["difference"] == 4.0
+
+
 def test_quality_vs_torch_refuses_in_one_line_before_anything_runs(tmp_path, monkeypatch):
     quality = _script("quality")
     data, run = tmp_path / "text", tmp_path / "run"
@@ -346,6 +399,43 @@ def test_quality_budget_marks():
     for bad in ("0", "60,30", "30,30", "thirty"):
         with pytest.raises(ValueError, match="--minutes"):
             quality.parse_marks(bad)
+
+
+def test_quality_ensemble_refuses_several_budgets(tmp_path):
+    data = tmp_path / "text"
+    data.mkdir()
+    args = ["--data-dir", str(data), "--workdir", str(tmp_path / "run")]
+    for bad in (["--ensemble", "2", "--minutes", "30,60"], ["--ensemble", "0", "--minutes", "5"]):
+        with pytest.raises(ValueError, match="--ensemble takes N >= 1 and one budget"):
+            _script("quality").main([*args, *bad])
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow  # two train.py processes side by side, two steps each, decoding (~60 s)
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="an ensemble needs two cores")
+def test_quality_ensemble_smoke(tmp_path):
+    data = tmp_path / "text"
+    data.mkdir()
+    _write_corpus(data)
+    args = ["--smoke", "--minutes", "10", "--data-dir", str(data), "--beams", "1", "--average", "2"]
+    payload = _script("quality").main([*args, "--ensemble", "2", "--workdir", str(tmp_path / "r")])
+    members = payload["members"]
+    assert [m["step"] for m in members] == [2, 2] and payload["step"] == 4
+    seeds = [
+        json.loads((tmp_path / "r" / f"member{i}" / "config.json").read_text()) for i in (0, 1)
+    ]
+    assert [(c["train"]["seed"], c["data"]["seed"]) for c in seeds] == [(0, 0), (1, 1)]
+    assert [(r["model"], r["checkpoint"]) for r in payload["test"]] == [
+        ("ensemble", "latest"),
+        ("ensemble", "averaged"),
+        ("member 0", "latest"),
+        ("member 0", "averaged"),
+        ("member 1", "latest"),
+        ("member 1", "averaged"),
+    ]
+    ensemble, alone = payload["test"][0], payload["test"][2::2]
+    assert ensemble["step"] == 4 and 0.0 <= ensemble["bleu"] <= 100.0
+    assert ensemble["dev_nll"] == pytest.approx(sum(r["dev_nll"] for r in alone) / 2)
 
 
 def test_quality_refuses_a_used_workdir(tmp_path):

@@ -95,6 +95,36 @@ def test_translate_keeps_order_empty_lines_and_truncates(
     assert together == alone == [out[0], out[2]]
 
 
+def test_repeated_workdirs_translate_as_an_ensemble(workdir, tmp_path, capsys):
+    """``--workdir A --workdir B``: the runs' mean probabilities, with one tokenizer."""
+    earlier = tmp_path / "earlier"  # the same run without its newest checkpoint
+    shutil.copytree(workdir, earlier)
+    shutil.rmtree(earlier / CHECKPOINT_DIR / str(STEPS[-1]))
+    lines = ["The cat sits on the mat.", "A small house by the river."]
+    source = write(tmp_path / "in.txt", lines)
+    argv = ["--workdir", workdir, "--workdir", str(earlier), "--input", source, "--alpha", "0.6"]
+    assert translate_main(argv) == 0
+    out = capsys.readouterr().out.splitlines()
+    run, params, _ = load_run(workdir)
+    cfg, tok = from_config_dict(run.model), load_tokenizer(os.path.join(workdir, "tokenizer.model"))
+    both = [params, load_run(workdir, STEPS[-2])[1]]
+    assert out == translate_lines(cfg, both, tok, lines, max_extra_len=6)
+    assert out != translate_lines(cfg, params, tok, lines, max_extra_len=6)
+
+    reference = write(tmp_path / "ref.txt", lines)
+    argv = ["--workdir", workdir, "--workdir", str(earlier), "--src", source, "--ref", reference]
+    assert evaluate_main(argv) == 0
+    with open(f"{source}.hyp.bleu", encoding="utf-8") as f:
+        assert "ensemble of 2 runs" in f.readline()
+
+    other = tmp_path / "other_tokenizer"
+    shutil.copytree(workdir, other)
+    train_tokenizer(SENTENCES[::-1] + ["Another line."], str(other / "tokenizer.model"), 300)
+    assert translate_main(["--workdir", workdir, "--workdir", str(other), "--input", source]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "must share one tokenizer" in err
+
+
 def test_average_is_the_mean_of_the_last_checkpoints(workdir, capsys):
     assert average_main(["--workdir", workdir, "--last", "2"]) == 0
     assert "[200, 300]" in capsys.readouterr().out

@@ -1,5 +1,6 @@
 """Greedy and beam search over the KV cache (paper §6.1): cached = full decoding, exact
-search on a tiny vocabulary, batch invariance, EOS and length limits, one compile per shape."""
+search on a tiny vocabulary (one model and an ensemble), batch invariance, EOS and length
+limits, one compile per shape."""
 
 import itertools
 
@@ -145,27 +146,35 @@ def test_sentence_alone_equals_inside_padded_batch(params):
 
 
 def sequence_scores(params, src_row, hypotheses, alpha):
-    """log P(Y|X) / lp(|Y|) of each hypothesis from one full (uncached) decoder pass."""
+    """log P(Y|X) / lp(|Y|) of each hypothesis from one full (uncached) decoder pass; for a
+    list of parameter trees (an ensemble), P is the mean of the models' probabilities."""
     n, width = len(hypotheses), max(map(len, hypotheses))
     out = np.full((n, width), PAD_ID, np.int32)
     for j, h in enumerate(hypotheses):
         out[j, : len(h)] = h
     tgt_in = np.concatenate([np.full((n, 1), BOS_ID, np.int32), out[:, :-1]], 1)
     src = jnp.repeat(src_row[None], n, 0)
-    logits = jax.jit(Transformer(CFG).apply)({"params": params}, src, jnp.asarray(tgt_in))
-    log_probs = jax.nn.log_softmax(logits.at[..., PAD_ID].set(-jnp.inf))
+    members = params if isinstance(params, list) else [params]
+    apply = jax.jit(Transformer(CFG).apply)
+    each = [jax.nn.log_softmax(apply({"params": p}, src, jnp.asarray(tgt_in))) for p in members]
+    mean = jax.nn.logsumexp(jnp.stack(each), axis=0) - np.log(len(members))
+    log_probs = jax.nn.log_softmax(mean.at[..., PAD_ID].set(-jnp.inf))
     picked = jnp.take_along_axis(log_probs, jnp.asarray(out)[..., None], -1)[..., 0]
     total = jnp.sum(jnp.where(out != PAD_ID, picked, 0.0), 1)
     return np.asarray(total / length_penalty(jnp.array([len(h) for h in hypotheses]), alpha))
 
 
-def test_large_beam_finds_the_exhaustive_best(params):
-    """Every hypothesis of length <= 3 (EOS-terminated, or cut at the limit) is scored."""
+@pytest.mark.parametrize("models", [1, 2])
+def test_large_beam_finds_the_exhaustive_best(params, models):
+    """Every hypothesis of length <= 3 (EOS-terminated, or cut at the limit) is scored, by
+    one model and by an ensemble of two."""
     alpha, limit = 0.6, 3
     words = [t for t in range(CFG.vocab_size) if t not in (PAD_ID, EOS_ID)]
     hypotheses = [[EOS_ID]] + [[w, EOS_ID] for w in words]
     hypotheses += [[a, b, c] for a, b in itertools.product(words, words) for c in words + [EOS_ID]]
     p = with_eos_bias(params, 0.5)
+    if models == 2:
+        p = [p, jax.jit(Transformer(CFG).init)(jax.random.key(7), SRC, SRC)["params"]]
     tokens, scores = beam_search(
         CFG, p, SRC, beam_size=96, alpha=alpha, max_len=limit, return_all=True
     )
@@ -184,6 +193,39 @@ def test_return_all_is_sorted_and_best_is_first(params):
     assert tokens.shape == (3, 4, 11) and scores.shape == (3, 4)
     assert np.all(np.diff(np.asarray(scores), axis=1) <= 0)
     np.testing.assert_array_equal(beam_search(CFG, params, SRC, max_extra_len=6), tokens[:, 0])
+
+
+def test_ensemble_of_copies_decodes_as_the_model(params):
+    p = with_eos_bias(params, 0.5)
+    np.testing.assert_array_equal(
+        greedy_search(CFG, [p, p], SRC, max_extra_len=6),
+        greedy_search(CFG, p, SRC, max_extra_len=6),
+    )
+    alone = beam_search(CFG, p, SRC, max_extra_len=6, return_all=True)
+    copies = beam_search([CFG, CFG.replace(dropout_rate=0.3)], (p, p), SRC, max_extra_len=6,
+                         return_all=True)  # fmt: skip
+    np.testing.assert_array_equal(copies[0], alone[0])
+    np.testing.assert_allclose(copies[1], alone[1], rtol=1e-5)
+    key = jax.random.key(3)
+    np.testing.assert_array_equal(
+        temperature_sample(CFG, [p, p], SRC, key), temperature_sample(CFG, p, SRC, key)
+    )
+
+
+@pytest.mark.parametrize(
+    "config, models, message",
+    [
+        ([CFG], 2, "a config for each"),
+        (CFG, 0, "one or more models"),
+        ([CFG, CFG.replace(vocab_size=7)], 2, "tgt_vocab"),
+        ([CFG, CFG.replace(max_len=20)], 2, "max_len"),
+        ([CFG, CFG], 1, "TransformerConfig"),
+    ],
+)
+def test_bad_ensembles_raise(params, config, models, message):
+    p = params if models == 1 else [params] * models
+    with pytest.raises(ValueError, match=message):
+        beam_search(config, p, SRC)
 
 
 def test_compiles_once_per_shape(params):

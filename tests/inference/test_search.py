@@ -1,6 +1,7 @@
 """The generic searches over a step function: beam search against a brute-force reference
 of its rules (beam 2-4, alpha 0.6, early stop and EOS firing), min_len, eos_id=None,
-sampling, and a decoder-only model decoded through its KV cache."""
+sampling, ensembles (mean probabilities), and a decoder-only model decoded through its KV
+cache."""
 
 import math
 
@@ -12,7 +13,14 @@ from conftest import TINY_CONFIG
 
 from transformer_jax.ids import BOS_ID, EOS_ID, PAD_ID
 from transformer_jax.inference import decoding
-from transformer_jax.inference.search import beam, gather_rows, greedy, length_penalty, sample
+from transformer_jax.inference.search import (
+    beam,
+    ensemble,
+    gather_rows,
+    greedy,
+    length_penalty,
+    sample,
+)
 from transformer_jax.model.transformer import Decoder
 
 VOCAB, LENGTH, TABLE = 9, 6, 97
@@ -44,10 +52,17 @@ def toy_cache(rows):
 
 
 def toy_log_probs(table, prefix):
-    """log P(next | BOS + prefix) of the toy model, PAD excluded, in float64."""
+    """log P(next | BOS + prefix) of the toy model, PAD excluded, in float64; of an
+    ensemble when ``table`` is a list of tables: the log of the members' mean probability
+    (PAD included), then PAD excluded."""
     history = np.zeros(LENGTH + 1, np.int64)
     history[: len(prefix) + 1] = [BOS_ID, *prefix]
-    z = table[int((history * MULTIPLIERS[: LENGTH + 1]).sum() % TABLE)].astype(np.float64)
+    row = int((history * MULTIPLIERS[: LENGTH + 1]).sum() % TABLE)
+    if isinstance(table, list):
+        probs = [np.exp(t[row] - t[row].max()) / np.exp(t[row] - t[row].max()).sum() for t in table]
+        z = np.log(np.mean(probs, axis=0))
+    else:
+        z = table[row].astype(np.float64)
     z[PAD_ID] = -np.inf
     return z - np.log(np.exp(z - z.max()).sum()) - z.max()
 
@@ -171,6 +186,34 @@ def test_sampling_follows_the_tempered_distribution():
     np.testing.assert_array_equal(top1, greedy(step, toy_cache(3), 3, LENGTH))
     with pytest.raises(ValueError, match="temperature"):
         sample(step, toy_cache(1), 1, 2, jax.random.key(0), temperature=0.0)
+
+
+def test_ensemble_is_the_mean_of_the_members_probabilities():
+    fixed = lambda logits: lambda tokens, cache: (jnp.asarray([logits]), cache + 1)  # noqa: E731
+    # softmax [0, log 3] = [1/4, 3/4] and its mirror image: the mean is [1/2, 1/2]
+    step = ensemble([fixed([0.0, math.log(3.0)]), fixed([math.log(3.0), 0.0])])
+    log_probs, caches = step(jnp.zeros((1, 1), jnp.int32), (0, 10))
+    np.testing.assert_allclose(log_probs, [[-math.log(2.0)] * 2], rtol=1e-6)
+    assert caches == (1, 11)
+    alone, _ = ensemble([fixed([1.0, 2.0, 4.0])])(jnp.zeros((1, 1), jnp.int32), (0,))
+    np.testing.assert_allclose(alone, jax.nn.log_softmax(jnp.array([[1.0, 2.0, 4.0]])), rtol=1e-6)
+    with pytest.raises(ValueError, match="at least one"):
+        ensemble([])
+
+
+def test_ensemble_beam_equals_the_reference_on_mean_probabilities():
+    k, differs = 3, 0
+    for seed in range(4):
+        tables = [make_table(seed, 1.0), make_table(seed + 50, 1.0)]
+        expected, _, _ = reference_beam(tables, k, 0.6, LENGTH)
+        step = ensemble([toy_step(table) for table in tables])
+        tokens, scores = beam(step, (toy_cache(k), toy_cache(k)), 1, LENGTH, beam_size=k)
+        np.testing.assert_allclose(scores[0], [s for s, _ in expected], rtol=1e-5)
+        for row, (_, hypothesis) in zip(np.asarray(tokens[0]), expected, strict=True):
+            np.testing.assert_array_equal(row[: len(hypothesis)], hypothesis)
+        best = [reference_beam(table, k, 0.6, LENGTH)[0][0][1] for table in tables]
+        differs += expected[0][1] not in best
+    assert differs >= 1  # on some rows the ensemble's best is neither member's best
 
 
 def test_gather_rows_per_leaf_axes():

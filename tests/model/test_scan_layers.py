@@ -110,6 +110,16 @@ def test_cached_decoding_equals_the_unrolled_model(params):
     np.testing.assert_allclose(scores, scores_ref, rtol=1e-5)
 
 
+def test_ensemble_of_a_scanned_and_an_unrolled_model(params):
+    """Each member's cache is reordered along its own batch axis ([layers, rows, ...] when
+    scanned): the ensemble equals the one of the two unrolled models."""
+    other = jax.jit(Transformer(CFG).init)(jax.random.key(1), SRC, TGT)["params"]
+    mixed = beam_search([SCANNED, CFG], [stacked(params), other], SRC, beam_size=3, max_len=8)
+    unrolled = beam_search(CFG, [params, other], SRC, beam_size=3, max_len=8)
+    np.testing.assert_array_equal(mixed, unrolled)
+    assert not np.array_equal(unrolled, beam_search(CFG, params, SRC, beam_size=3, max_len=8))
+
+
 def test_attention_maps_equal_the_unrolled_model(params):
     maps = attention_maps(SCANNED, stacked(params), SRC, TGT)
     ref = attention_maps(CFG, params, SRC, TGT)

@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 from transformer_jax.data.sources import read_lines as read_lines_of
@@ -32,9 +33,45 @@ def load(workdir: str, checkpoint: str) -> tuple[Any, TransformerConfig, Any, To
     return run, from_config_dict(run.model), params, tokenizer
 
 
+def load_models(
+    workdirs: Sequence[str], checkpoint: str
+) -> tuple[Any, TransformerConfig | list[TransformerConfig], Any, Tokenizer]:
+    """:func:`load` of one workdir, or of several as an ensemble: ``(the first run's config,
+    [model configs], [params], tokenizer)``; ValueError unless they share one tokenizer."""
+    if len(workdirs) == 1:
+        return load(workdirs[0], checkpoint)
+    loaded = [load(workdir, checkpoint) for workdir in workdirs]
+    tokenizer = shared_tokenizer(workdirs)
+    return loaded[0][0], [m[1] for m in loaded], [m[2] for m in loaded], tokenizer
+
+
+def shared_tokenizer(workdirs: Sequence[str]) -> Tokenizer:
+    """The tokenizer of the runs in ``workdirs``; ValueError unless their
+    ``tokenizer.model`` files are the same."""
+    paths = [os.path.join(workdir, "tokenizer.model") for workdir in workdirs]
+    tokenizer = load_tokenizer(paths[0])
+    with open(paths[0], "rb") as f:
+        first = f.read()
+    for path in paths[1:]:
+        if not os.path.isfile(path):
+            raise ValueError(f"{path} does not exist: is {os.path.dirname(path)} a training run?")
+        with open(path, "rb") as f:
+            if f.read() != first:
+                raise ValueError(
+                    f"{path} differs from {paths[0]}: an ensemble's runs must share one tokenizer"
+                )
+    return tokenizer
+
+
 def add_decode_flags(parser: argparse.ArgumentParser) -> None:
     """Flags shared with ``transformer_jax.evaluate``; unset ones come from config.decode."""
-    parser.add_argument("--workdir", required=True, help="training run directory")
+    parser.add_argument(
+        "--workdir",
+        required=True,
+        action="append",
+        help="training run directory; repeated: an ensemble of the runs (mean probabilities; "
+        "one tokenizer; decoding settings from the first)",
+    )
     parser.add_argument(
         "--checkpoint",
         default="latest",

@@ -13,6 +13,10 @@ Prints two numbers:
   then multi-bleu (case-sensitive, unsmoothed). It is the kind of number the paper
   reports (28.4 / 27.3 on newstest2014 en-de), not comparable across tokenizations.
 
+``--workdir`` given more than once decodes the runs as an ensemble: the mean of their
+next-token probabilities (the runs share one tokenizer; ``--checkpoint`` names the same
+checkpoint in each).
+
 The hypotheses are written to ``--out`` (default ``{src}.hyp``), the scores next to them
 (``{out}.bleu``).
 """
@@ -25,7 +29,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from transformer_jax.cli.common import add_decode_flags, decode_options, load, read_lines
+from transformer_jax.cli.common import add_decode_flags, decode_options, load_models, read_lines
 from transformer_jax.inference.bleu import bleu, check_pairs, tokenized_bleu
 from transformer_jax.inference.translation import translate_lines
 
@@ -61,7 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_pairs(sources, references)
         if not sources:
             raise ValueError(f"{args.src} is empty: there is nothing to evaluate")
-        run, config, params, tokenizer = load(args.workdir, args.checkpoint)
+        run, config, params, tokenizer = load_models(args.workdir, args.checkpoint)
         options = decode_options(args, run)
         hypotheses = translate_lines(config, params, tokenizer, sources, **options)
         lang = run.get("data", {}).get("tgt_lang", "de")
@@ -70,7 +74,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         with open(out, "w", encoding="utf-8") as f:
             f.writelines(h + "\n" for h in hypotheses)
         with open(f"{out}.bleu", "w", encoding="utf-8") as f:
-            f.write(f"{args.src} ({len(sources)} sentences), checkpoint {args.checkpoint}, ")
+            models = f"ensemble of {len(args.workdir)} runs, " if len(args.workdir) > 1 else ""
+            f.write(
+                f"{args.src} ({len(sources)} sentences), {models}checkpoint {args.checkpoint}, "
+            )
             f.write(f"beam {options['beam_size']}, alpha {options['alpha']}\n{scores}")
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)

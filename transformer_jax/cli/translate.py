@@ -6,7 +6,9 @@
 
 One source sentence per line in, one translation per line out, in the same order; an
 empty line gives an empty line. Sentences are sorted by length and decoded in batches
-whose shapes come from a few buckets, so each shape compiles once.
+whose shapes come from a few buckets, so each shape compiles once. ``--workdir`` given
+more than once translates with the runs as an ensemble (the mean of their next-token
+probabilities; one shared tokenizer).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from transformer_jax.cli.common import add_decode_flags, decode_options, load, read_lines
+from transformer_jax.cli.common import add_decode_flags, decode_options, load_models, read_lines
 from transformer_jax.inference.translation import translate_lines
 
 
@@ -30,7 +32,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
     try:
         lines = read_lines(args.input)
-        run, config, params, tokenizer = load(args.workdir, args.checkpoint)
+        run, config, params, tokenizer = load_models(args.workdir, args.checkpoint)
         translations = translate_lines(
             config, params, tokenizer, lines, **decode_options(args, run)
         )

@@ -7,7 +7,9 @@ The generic searches (:mod:`transformer_jax.inference.search`) are re-exported h
 keeps a KV cache (e.g. a decoder-only ``Decoder(config.replace(decode=True))``).
 
 For the Transformer, :func:`greedy_search`, :func:`beam_search` and
-:func:`temperature_sample` take ``(config, params, src)``: the source is encoded once,
+:func:`temperature_sample` take ``(config, params, src)``; ``params`` may also be a list of
+parameter trees (with one config, or a list of configs), an ensemble whose next-token
+distribution is the mean of its models' (:func:`ensemble`). The source is encoded once,
 then the decoder runs one position per step over its KV cache inside one jit-compiled
 loop. The encoder-decoder keys and values depend only on the encoder output, which is
 loop-invariant: XLA computes their projections once per call, before the loop.
@@ -23,6 +25,7 @@ beam size 4 and length penalty alpha 0.6 by default (the paper's).
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -33,6 +36,7 @@ from transformer_jax.inference.search import (
     StepFn,
     beam,
     cached_step,
+    ensemble,
     gather_rows,
     greedy,
     init_cache,
@@ -43,12 +47,14 @@ from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.transformer import Transformer
 
 Array = jax.Array
+Configs = TransformerConfig | Sequence[TransformerConfig]
 
 __all__ = [
     "StepFn",
     "beam",
     "beam_search",
     "cached_step",
+    "ensemble",
     "gather_rows",
     "greedy",
     "greedy_search",
@@ -61,7 +67,7 @@ __all__ = [
 
 
 def greedy_search(
-    config: TransformerConfig,
+    config: Configs,
     params: Any,
     src: Array,
     *,
@@ -74,17 +80,19 @@ def greedy_search(
     """The most probable next token at each step: int32 ``[batch, max_len]``.
 
     Args:
-      config, params: the Transformer; src: int ``[batch, src_len]`` source ids + EOS, PAD.
+      config, params: the Transformer, or an ensemble (module doc); src: int
+        ``[batch, src_len]`` source ids + EOS, PAD.
       max_len: output width (default ``src_len + max_extra_len``, at most ``config.max_len``).
       max_extra_len: each sentence's output limit is its source length + this.
       min_len: tokens before EOS may end a sentence; eos_id: ``None`` ignores EOS.
     """
-    config, src, max_len = _check(config, src, max_len, max_extra_len, min_len, bos_id, eos_id)
-    return _greedy(params, src, config, max_len, max_extra_len, min_len, bos_id, eos_id)
+    configs, params = _members(config, params)
+    configs, src, max_len = _check(configs, src, max_len, max_extra_len, min_len, bos_id, eos_id)
+    return _greedy(params, src, configs, max_len, max_extra_len, min_len, bos_id, eos_id)
 
 
 def beam_search(
-    config: TransformerConfig,
+    config: Configs,
     params: Any,
     src: Array,
     *,
@@ -108,14 +116,15 @@ def beam_search(
         raise ValueError(f"beam_size must be a positive integer, got {beam_size!r}")
     if not isinstance(alpha, int | float) or isinstance(alpha, bool) or not alpha >= 0:
         raise ValueError(f"alpha must be a number >= 0, got {alpha!r}")
-    config, src, max_len = _check(config, src, max_len, max_extra_len, min_len, bos_id, eos_id)
+    configs, params = _members(config, params)
+    configs, src, max_len = _check(configs, src, max_len, max_extra_len, min_len, bos_id, eos_id)
     settings = (max_len, max_extra_len, min_len, bos_id, eos_id, beam_size, float(alpha))
-    tokens, scores = _beam(params, src, config, *settings)
+    tokens, scores = _beam(params, src, configs, *settings)
     return (tokens, scores) if return_all else tokens[:, 0]
 
 
 def temperature_sample(
-    config: TransformerConfig,
+    config: Configs,
     params: Any,
     src: Array,
     key: Array,
@@ -135,9 +144,10 @@ def temperature_sample(
         raise ValueError(f"temperature must be a number > 0, got {temperature!r}")
     if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
         raise ValueError(f"top_k must be a positive integer or None, got {top_k!r}")
-    config, src, max_len = _check(config, src, max_len, max_extra_len, min_len, bos_id, eos_id)
+    configs, params = _members(config, params)
+    configs, src, max_len = _check(configs, src, max_len, max_extra_len, min_len, bos_id, eos_id)
     settings = (max_len, max_extra_len, min_len, bos_id, eos_id, float(temperature), top_k)
-    return _sample(params, src, key, config, *settings)
+    return _sample(params, src, key, configs, *settings)
 
 
 def transformer_step(
@@ -170,16 +180,38 @@ def transformer_step(
 
 
 # ---------------------------------------------------------------------------- checks
+def _members(config: Configs, params: Any) -> tuple[tuple[TransformerConfig, ...], tuple[Any, ...]]:
+    """The models decoded together: one, or an ensemble when ``params`` is a list or tuple
+    of parameter trees (``config`` one for all of them, or one each)."""
+    ensemble_of = isinstance(params, list | tuple)
+    params = tuple(params) if ensemble_of else (params,)
+    configs = (config,) * len(params) if isinstance(config, TransformerConfig) else config
+    if not ensemble_of and not isinstance(config, TransformerConfig):
+        raise ValueError("config must be a TransformerConfig for one model's params")
+    configs = tuple(configs)
+    if not params or len(configs) != len(params):
+        raise ValueError(
+            f"an ensemble needs one or more models and a config for each: got {len(params)} "
+            f"parameter trees and {len(configs)} configs"
+        )
+    for field in ("tgt_vocab", "pad_id", "max_len"):
+        values = sorted({getattr(c, field) for c in configs})
+        if len(values) > 1:
+            raise ValueError(f"the ensemble's models differ in config.{field}: {values}")
+    return configs, params
+
+
 def _check(
-    config: TransformerConfig,
+    configs: tuple[TransformerConfig, ...],
     src: Any,
     max_len: int | None,
     max_extra_len: int,
     min_len: int,
     bos_id: int,
     eos_id: int | None,
-) -> tuple[TransformerConfig, Array, int]:
-    """Validate arguments; return the config decoding is compiled for, src, output length."""
+) -> tuple[tuple[TransformerConfig, ...], Array, int]:
+    """Validate arguments; return the configs decoding is compiled for, src, output length."""
+    config = configs[0]  # the fields checked here are equal in every member (_members)
     src = jnp.asarray(src)
     if src.ndim != 2 or not jnp.issubdtype(src.dtype, jnp.integer) or src.shape[1] == 0:
         raise ValueError(
@@ -202,8 +234,8 @@ def _check(
         raise ValueError(
             f"max_len must be an integer in [1, config.max_len={config.max_len}], got {max_len!r}"
         )
-    config = config.replace(decode=False, sow_attention_weights=False)
-    return config, src.astype(jnp.int32), max_len
+    configs = tuple(c.replace(decode=False, sow_attention_weights=False) for c in configs)
+    return configs, src.astype(jnp.int32), max_len
 
 
 def _options(
@@ -222,19 +254,42 @@ def _options(
 
 
 # ------------------------------------------------------------------- compiled searches
+def _step(
+    configs: tuple[TransformerConfig, ...],
+    params: tuple[Any, ...],
+    src: Array,
+    max_len: int,
+    copies: int = 1,
+) -> tuple[StepFn, Any, Any]:
+    """The step function, cache and cache batch axis (scanned layers: ``[layers, rows, ...]``)
+    of one model, or of an ensemble (its caches a tuple, with one axis per leaf)."""
+    axes = [1 if config.scan_layers else 0 for config in configs]
+    members = [
+        transformer_step(c, p, src, max_len, copies) for c, p in zip(configs, params, strict=True)
+    ]
+    if len(members) == 1:
+        return (*members[0], axes[0])
+    caches = tuple(cache for _, cache in members)
+    per_leaf = tuple(  # None: a leaf with no batch axis (a position counter), shared
+        jax.tree.map(lambda x, a=a: a if x.ndim > a else None, cache)
+        for a, cache in zip(axes, caches, strict=True)
+    )
+    return ensemble([step for step, _ in members]), caches, per_leaf
+
+
 @functools.partial(jax.jit, static_argnums=tuple(range(2, 8)))
-def _greedy(params, src, config, max_len, max_extra_len, min_len, bos_id, eos_id) -> Array:
-    step, cache = transformer_step(config, params, src, max_len)
-    options = _options(src, config, max_len, max_extra_len, min_len, bos_id, eos_id)
+def _greedy(params, src, configs, max_len, max_extra_len, min_len, bos_id, eos_id) -> Array:
+    step, cache, _ = _step(configs, params, src, max_len)
+    options = _options(src, configs[0], max_len, max_extra_len, min_len, bos_id, eos_id)
     return greedy(step, cache, src.shape[0], max_len, **options)
 
 
 @functools.partial(jax.jit, static_argnums=tuple(range(2, 10)))
 def _beam(
-    params, src, config, max_len, max_extra_len, min_len, bos_id, eos_id, k, alpha
+    params, src, configs, max_len, max_extra_len, min_len, bos_id, eos_id, k, alpha
 ) -> tuple[Array, Array]:
-    step, cache = transformer_step(config, params, src, max_len, copies=k)
-    options = _options(src, config, max_len, max_extra_len, min_len, bos_id, eos_id)
+    step, cache, axes = _step(configs, params, src, max_len, copies=k)
+    options = _options(src, configs[0], max_len, max_extra_len, min_len, bos_id, eos_id)
     return beam(
         step,
         cache,
@@ -242,17 +297,17 @@ def _beam(
         max_len,
         beam_size=k,
         alpha=alpha,
-        cache_batch_axis=1 if config.scan_layers else 0,  # scanned caches: [layers, rows, ...]
+        cache_batch_axis=axes,
         **options,
     )
 
 
 @functools.partial(jax.jit, static_argnums=tuple(range(3, 11)))
 def _sample(
-    params, src, key, config, max_len, max_extra_len, min_len, bos_id, eos_id, temperature, top_k
+    params, src, key, configs, max_len, max_extra_len, min_len, bos_id, eos_id, temperature, top_k
 ) -> Array:
-    step, cache = transformer_step(config, params, src, max_len)
-    options = _options(src, config, max_len, max_extra_len, min_len, bos_id, eos_id)
+    step, cache, _ = _step(configs, params, src, max_len)
+    options = _options(src, configs[0], max_len, max_extra_len, min_len, bos_id, eos_id)
     return sample(
         step, cache, src.shape[0], max_len, key, temperature=temperature, top_k=top_k, **options
     )

@@ -26,11 +26,15 @@ the k best finished (tensor2tensor admits EOS from all 2k; the k-best rule makes
 size 1 with alpha = 0 exactly greedy search); the k best candidates without EOS stay
 live. A row stops when no live hypothesis can still beat its k-th finished one
 (tensor2tensor's bound: log-probabilities only fall and lp is largest at the limit).
+
+:func:`ensemble` combines several models' step functions into one, whose next-token
+distribution is the mean of theirs; every search above decodes with it unchanged.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import flax.linen as nn
@@ -91,6 +95,26 @@ def gather_rows(cache: Any, rows: Array, batch_axis: int | Any = 0) -> Any:
         cache,
         is_leaf=lambda a: a is None,
     )
+
+
+def ensemble(step_fns: Sequence[StepFn]) -> StepFn:
+    """The step function of an ensemble of models over the tuple of their caches.
+
+    Its output is the log of the mean of the members' next-token probabilities,
+    ``log(1/n * sum_i softmax(logits_i))``: normalized log-probabilities, as the searches
+    expect. All members must share one target vocabulary.
+    """
+    step_fns = tuple(step_fns)
+    if not step_fns:
+        raise ValueError("an ensemble needs at least one step function")
+
+    def step(tokens: Array, caches: Any) -> tuple[Array, Any]:
+        outputs = [fn(tokens, cache) for fn, cache in zip(step_fns, caches, strict=True)]
+        log_probs = [jax.nn.log_softmax(logits.astype(jnp.float32)) for logits, _ in outputs]
+        mean = jax.nn.logsumexp(jnp.stack(log_probs), axis=0) - math.log(len(step_fns))
+        return mean, tuple(cache for _, cache in outputs)
+
+    return step
 
 
 def _logits(step_fn: StepFn, tokens: Array, cache: Any) -> tuple[Array, Any]:

@@ -22,7 +22,7 @@ MIN_BUCKET = 8  # source lengths are padded to a power of two >= 8 (or to max_sr
 
 
 def translate_lines(
-    config: TransformerConfig,
+    config: TransformerConfig | Sequence[TransformerConfig],
     params: Any,
     tokenizer: Tokenizer,
     lines: Sequence[str],
@@ -35,24 +35,27 @@ def translate_lines(
 ) -> list[str]:
     """Translations of ``lines`` (one sentence each), in order.
 
-    ``beam_size=1`` is greedy search. Sources longer than ``max_src_len`` tokens (EOS
-    included; default ``config.max_len``) are truncated, with a warning. Each sentence
-    may produce up to its length + ``max_extra_len`` tokens (capped by ``config.max_len``).
+    ``config, params``: one model, or an ensemble (a list of parameter trees, with one config
+    or a list of them; :mod:`transformer_jax.inference.decoding`). ``beam_size=1`` is greedy
+    search. Sources longer than ``max_src_len`` tokens (EOS included; default
+    ``config.max_len``) are truncated, with a warning. Each sentence may produce up to its
+    length + ``max_extra_len`` tokens (capped by ``config.max_len``).
     """
-    max_src_len = config.max_len if max_src_len is None else max_src_len
-    if not isinstance(max_src_len, int) or not 1 <= max_src_len <= config.max_len:
+    first = config if isinstance(config, TransformerConfig) else config[0]
+    max_src_len = first.max_len if max_src_len is None else max_src_len
+    if not isinstance(max_src_len, int) or not 1 <= max_src_len <= first.max_len:
         raise ValueError(
-            f"max_src_len must be an integer in [1, config.max_len={config.max_len}], "
+            f"max_src_len must be an integer in [1, config.max_len={first.max_len}], "
             f"got {max_src_len!r}"
         )
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
     if not isinstance(beam_size, int) or beam_size < 1:
         raise ValueError(f"beam_size must be a positive integer, got {beam_size!r}")
-    if tokenizer.vocab_size > config.tgt_vocab:
+    if tokenizer.vocab_size > first.tgt_vocab:
         raise ValueError(
             f"the tokenizer has {tokenizer.vocab_size} pieces but the model's vocabulary "
-            f"(model.vocab_size) is {config.tgt_vocab}"
+            f"(model.vocab_size) is {first.tgt_vocab}"
         )
 
     todo = [i for i, line in enumerate(lines) if line.strip()]
