@@ -385,6 +385,14 @@ def dev_metrics(
     return evaluate_loss(dp, dp.replicate(params), batches)
 
 
+def members_dev(rows: list[dict[str, Any]], checkpoint: str) -> dict[str, float]:
+    """The mean of the members' dev metrics at ``checkpoint``, from their score rows."""
+
+    alone = list({r["model"]: r for r in rows if r["checkpoint"] == checkpoint}.values())
+    keys = [key for key in alone[0] if key.startswith("dev_")]
+    return {key.removeprefix("dev_"): sum(r[key] for r in alone) / len(alone) for key in keys}
+
+
 def evaluate(
     workdirs: list[str],
     split: str,
@@ -392,24 +400,25 @@ def evaluate(
     checkpoint: str,
     minutes: float,
     model: str = "single",
+    dev: dict[str, float] | None = None,
 ) -> list[dict[str, Any]]:
     """sacreBLEU on ``split`` of one checkpoint ('latest', 'averaged' or 'snapshots/STEP',
-    the parameters after ``minutes`` of training), per beam size, with its dev metrics.
+    the parameters after ``minutes`` of training), per beam size, with its dev metrics
+    (measured here for one run; an ensemble's are given, the mean of its members').
     Several workdirs are decoded as an ensemble (the mean of their models' probabilities);
-    its step is the sum of theirs and its dev metrics the mean of theirs."""
+    its step is the sum of theirs."""
 
     loaded = [load_run(workdir, checkpoint) for workdir in workdirs]
     config = loaded[0][0]
     tokenizer = shared_tokenizer(workdirs)
     model_configs = [from_config_dict(run.model) for run, _, _ in loaded]
     params = [p for _, p, _ in loaded]
-    devs = [
-        dev_metrics(run, model_config, p, tokenizer, workdir)
-        for (run, p, _), model_config, workdir in zip(loaded, model_configs, workdirs, strict=True)
-    ]
-    dev = {name: sum(d[name] for d in devs) / len(devs) for name in devs[0]}
     if len(workdirs) == 1:
         model_configs, params = model_configs[0], params[0]
+        if dev is None:
+            dev = dev_metrics(config, model_configs, params, tokenizer, workdirs[0])
+    elif dev is None:
+        raise ValueError("an ensemble's dev metrics are its members' mean: pass dev")
     pairs = load_pairs(config.data, split)
     sources, references = [s for s, _ in pairs], [t for _, t in pairs]
     rows = []
@@ -587,9 +596,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"step {step}, {summaries[-1]['epochs']:.2f} epochs; log {log_paths[i]}"
         )
     if len(members) > 1:
-        together = evaluate(members, args.test_split, beams, "latest", marks[-1], "ensemble")
-        if args.average > 1:
-            together += evaluate(members, args.test_split, beams, "averaged", marks[-1], "ensemble")
+        together = []
+        for checkpoint in ("latest", "averaged") if args.average > 1 else ("latest",):
+            dev = members_dev(scores, checkpoint)
+            together += evaluate(
+                members, args.test_split, beams, checkpoint, marks[-1], "ensemble", dev
+            )
         scores = together + scores
     curve = loss_curve(members[0])
     print(

@@ -321,6 +321,25 @@ def test_quality_ensemble_members_share_the_cores_and_the_headline_is_the_ensemb
     assert rows["test BLEU, beam 4"]["difference"] == 4.0
 
 
+def test_quality_ensemble_dev_metrics_are_the_members_mean_at_that_checkpoint():
+    quality = _script("quality")
+    row = lambda model, checkpoint, beam, nll: {  # noqa: E731
+        "model": model, "checkpoint": checkpoint, "beam": beam, "bleu": 30.0, "dev_nll": nll,
+        "dev_accuracy": nll / 10,
+    }  # fmt: skip
+    rows = [
+        row("member 0", "snapshots/100", 4, 9.0),
+        row("member 0", "latest", 1, 1.0),
+        row("member 0", "latest", 4, 1.0),
+        row("member 0", "averaged", 4, 2.0),
+        row("member 1", "latest", 1, 3.0),
+        row("member 1", "latest", 4, 3.0),
+        row("member 1", "averaged", 4, 5.0),
+    ]
+    assert quality.members_dev(rows, "latest") == pytest.approx({"nll": 2.0, "accuracy": 0.2})
+    assert quality.members_dev(rows, "averaged") == pytest.approx({"nll": 3.5, "accuracy": 0.35})
+
+
 def test_quality_vs_torch_refuses_in_one_line_before_anything_runs(tmp_path, monkeypatch):
     quality = _script("quality")
     data, run = tmp_path / "text", tmp_path / "run"
