@@ -35,7 +35,7 @@ the CPU cores, then decodes them together (the mean of their next-token probabil
     python benchmarks/quality.py --minutes 30 --vs-torch --workdir runs/vs-torch-30min
     python benchmarks/quality.py --minutes 60 --vs-torch --config configs/multi30k.py:60 \
         --average 5 --workdir runs/vs-torch-60min
-    python benchmarks/quality.py --minutes 60 --vs-torch --config configs/multi30k.py:60 \
+    python benchmarks/quality.py --minutes 60 --vs-torch --config configs/multi30k.py:60x2 \
         --average 5 --ensemble 2 --workdir runs/vs-torch-60min-ensemble
     python benchmarks/quality.py --minutes 30 --data-dir DIR --src-lang en --tgt-lang fr
 """

@@ -53,8 +53,19 @@ def test_multi30k_takes_the_budget_it_was_tuned_for(tmp_path):
         setattr(long.train, field, getattr(short.train, field))
     long.decode.alpha = short.decode.alpha
     assert long.to_dict() == short.to_dict()
-    with pytest.raises(ValueError, match="MINUTES takes one of"):
+    with pytest.raises(ValueError, match="BUDGET takes one of"):
         load("multi30k", "45")
+
+
+def test_multi30k_ensemble_members_take_60s_model_with_their_own_schedule():
+    """``:60x2`` (each of two models on one core for 60 minutes): ``:60`` with warmup 1,000 at
+    scale 1.77, the same peak rate reached sooner."""
+    single, member = load("multi30k", "60"), load("multi30k", "60x2")
+    assert (member.train.warmup_steps, member.train.learning_rate_scale) == (1000, 1.77)
+    peak = lambda c: c.train.learning_rate_scale * c.train.warmup_steps**-0.5  # noqa: E731
+    assert peak(member) == pytest.approx(peak(single), rel=2e-3)
+    member.train.warmup_steps, member.train.learning_rate_scale = 2000, 2.5
+    assert member.to_dict() == single.to_dict()
 
 
 @pytest.mark.parametrize(
@@ -66,5 +77,5 @@ def test_multi30k_multiplies_in_the_cpus_fastest_arithmetic(monkeypatch, flags, 
 
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")
     monkeypatch.setattr(cpuinfo, "cpu_flags", lambda path=cpuinfo.CPUINFO: frozenset(flags.split()))
-    for minutes in ("30", "60"):
-        assert load("multi30k", minutes).model.matmul_precision == expected
+    for budget in ("30", "60", "60x2"):
+        assert load("multi30k", budget).model.matmul_precision == expected
