@@ -248,7 +248,7 @@ def test_train_py_mistakes_are_one_line_with_a_failure_code(tmp_path):
         (["--config=/no/such/config.py", workdir], 2, "does not exist"),
         ([f"--config={config_path}", "--config.trian.num_steps=3", workdir], 2, "trian"),
         ([f"--config={config_path}", f"--workdir={tmp_path / 'file'}"], 1, "is a file"),
-        ([f"--config={ROOT}/configs/multi30k.py:45", workdir], 2, "MINUTES takes one of"),
+        ([f"--config={ROOT}/configs/multi30k.py:45", workdir], 2, "BUDGET takes one of"),
     ]
     for args, code, message in cases:
         proc = train_py(*args)
