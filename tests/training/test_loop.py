@@ -183,6 +183,36 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run_and_sigterm_saves(prep
     assert losses(workdir) == losses(reference)  # exact: same batches, same dropout keys
 
 
+LATE_SIGTERM = """
+import atexit, os, signal, sys
+from transformer_jax.cli import train as cli
+
+cli.train_and_evaluate = lambda config, workdir: {result!r}
+atexit.register(os.kill, os.getpid(), signal.SIGTERM)  # arrives while the process shuts down
+sys.argv = ["train.py", "--config={config}", "--workdir={workdir}"]
+cli.main()
+"""
+
+
+@pytest.mark.parametrize(
+    "result, code",
+    [
+        ({"step": 8, "complete": False, "stopped_by": "SIGTERM"}, 75),
+        ({"step": 8, "complete": True}, 0),
+    ],
+)
+def test_a_sigterm_after_the_run_is_saved_does_not_kill_train_py(tmp_path, result, code):
+    """What a launcher does when it signals each process of a run steps apart: the second
+    SIGTERM reaches a process that is already saved and exiting (its peers wait for it)."""
+    _, config_path = micro_config(tmp_path)
+    script = LATE_SIGTERM.format(result=result, config=config_path, workdir=tmp_path / "run")
+    env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+    proc = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == code, proc.stderr[-3000:]
+
+
 @pytest.mark.parametrize("damage", ["removed", "truncated"])
 def test_corrupt_latest_checkpoint_falls_back_to_the_previous(
     prepared, tmp_path, capsys, caplog, monkeypatch, damage

@@ -15,12 +15,14 @@ a run's resolved config is ``{workdir}/config.json``.
 Exit codes: 0 trained and evaluated (or already complete); 1 an error, printed as one line
 (a bad config value or file, data, a non-finite loss, a full disk); 2 a bad command line;
 75 stopped by SIGTERM (preempted) after saving a checkpoint: rerun to resume; 130 stopped by
-Ctrl-C (SIGINT; saved like SIGTERM, a second Ctrl-C stops at once).
+Ctrl-C (SIGINT; saved like SIGTERM, a second Ctrl-C stops at once). Once the run is saved,
+further SIGTERMs are ignored while the process exits.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from typing import Any, NoReturn
 
@@ -156,6 +158,9 @@ def _train(argv: list[str]) -> None:
         _fail(str(e), EXIT_ERROR)
     except KeyboardInterrupt:
         _fail("interrupted (a second Ctrl-C): the last checkpoint is kept", EXIT_INTERRUPTED)
+    # The run is saved: a late SIGTERM (a launcher signals each task, steps apart) must not
+    # kill this process while it shuts down, with the other processes waiting for it.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if not result["complete"]:
         sys.exit(_STOPPED[result["stopped_by"]])
 

@@ -71,15 +71,15 @@ def _train_and_evaluate(
     print(describe_run_info(info))
     evaluator = Evaluator(config, workdir, run.dp, run.model_config, run.tokenizer)
     trainer = _Trainer(run, train_iter, evaluator)
-    with Signals() as signals:  # until the checkpoint is written: a late SIGTERM waits for it
+    with Signals() as signals:  # until the run is saved: a late SIGTERM waits for it
         try:
             stopped_by = trainer.train(signals)
         finally:
             run.checkpointer.close()
-    if stopped_by:
-        trainer.writer.close()
-        print(f"{stopped_by}: saved the checkpoint at step {trainer.step}; rerun to resume")
-        return {"step": trainer.step, "complete": False, "stopped_by": stopped_by}
+        if stopped_by:
+            trainer.writer.close()
+            print(f"{stopped_by}: saved the checkpoint at step {trainer.step}; rerun to resume")
+            return {"step": trainer.step, "complete": False, "stopped_by": stopped_by}
     last = max(run.start, num_steps)
     print(f"evaluating step {last} on {config.data.eval_split} ...")
     record = evaluator.dev(trainer.state.params)
