@@ -145,6 +145,15 @@ def test_train_end_to_end_then_resume_says_complete(prepared, tmp_path, capsys):
     assert "is complete" in out and "resuming" not in out
 
 
+def test_progress_bar_shows_a_loss_only_once_one_is_read(prepared, tmp_path, capsys):
+    # Metrics are read one step late: step 1's bar has no loss to show yet, never "nan".
+    config, _ = micro_config(tmp_path, steps=4, every=4)
+    config.train.log_every = 4  # steps 1-3 set the bar's postfix
+    train_and_evaluate(config, workdir_from(prepared, tmp_path / "run"))
+    err = capsys.readouterr().err
+    assert "loss=nan" not in err and "loss=" in err and "lr=" in err
+
+
 def test_sigkill_then_resume_matches_an_uninterrupted_run_and_sigterm_saves(prepared, tmp_path):
     steps = 120
     config, config_path = micro_config(tmp_path, steps=steps, every=10)

@@ -116,7 +116,7 @@ class _Trainer:
         self.state = self.dp.replicate(run.state)
         self.step = run.start
         self.pending: tuple[int, dict] | None = None
-        self.last_loss = float("nan")
+        self.last_loss: float | None = None  # until the first step's metrics are read
 
     def train(self, signals: Signals) -> str | None:
         """Train to ``train.num_steps``; the name of the signal that stopped it early, if any."""
@@ -188,9 +188,10 @@ class _Trainer:
         self.window.add_step(values)
 
     def progress(self) -> dict[str, str]:
-        """The progress bar's postfix: the last loss, learning rate and tokens/s."""
+        """The progress bar's postfix: the last loss read, learning rate and tokens/s."""
+        loss = {} if self.last_loss is None else {"loss": f"{self.last_loss:.3f}"}
         return {
-            "loss": f"{self.last_loss:.3f}",
+            **loss,
             "lr": f"{float(self.schedule(self.step - 1)):.2e}",
             "tok_s": f"{self.window.tokens_per_sec():.0f}",
         }
