@@ -542,6 +542,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "data.train_split": args.train_split,
         "data.eval_split": args.eval_split,
         "data.test_split": args.test_split,
+        "train.final_test": False,  # scored below; a run that ends early must not decode
         **(SMOKE_OVERRIDES if args.smoke else {}),
     }
     command = [sys.executable, os.path.join(ROOT, "train.py"), f"--config={args.config}"]

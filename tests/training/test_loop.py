@@ -222,6 +222,36 @@ def test_a_sigterm_after_the_run_is_saved_does_not_kill_train_py(tmp_path, resul
     assert proc.returncode == code, proc.stderr[-3000:]
 
 
+SIGTERM_IN_FINAL_EVALUATION = """
+import os, signal, sys
+from transformer_jax.cli import train as cli
+from transformer_jax.training import loop
+
+dev = loop.Evaluator.dev
+def dev_after_a_sigterm(self, params):
+    os.kill(os.getpid(), signal.SIGTERM)  # a scheduler's, once the last step is saved
+    return dev(self, params)
+
+loop.Evaluator.dev = dev_after_a_sigterm
+sys.argv = ["train.py", "--config={config}", "--workdir={workdir}", "--config.train.eval_every=0"]
+cli.main()
+"""
+
+
+def test_a_sigterm_during_the_final_evaluation_lets_it_finish(tmp_path):
+    """A run that ends just before its budget: the budget's SIGTERM reaches the final
+    evaluation, which finishes and is saved; train.py exits 0, the run complete."""
+    _, config_path = micro_config(tmp_path, steps=4, every=4)
+    workdir = tmp_path / "run"
+    script = SIGTERM_IN_FINAL_EVALUATION.format(config=config_path, workdir=workdir)
+    env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+    proc = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "eval_loss" in read_metrics(str(workdir))[-1]
+
+
 @pytest.mark.parametrize("damage", ["removed", "truncated"])
 def test_corrupt_latest_checkpoint_falls_back_to_the_previous(
     prepared, tmp_path, capsys, caplog, monkeypatch, damage

@@ -15,8 +15,9 @@ a run's resolved config is ``{workdir}/config.json``.
 Exit codes: 0 trained and evaluated (or already complete); 1 an error, printed as one line
 (a bad config value or file, data, a non-finite loss, a full disk); 2 a bad command line;
 75 stopped by SIGTERM (preempted) after saving a checkpoint: rerun to resume; 130 stopped by
-Ctrl-C (SIGINT; saved like SIGTERM, a second Ctrl-C stops at once). Once the run is saved,
-further SIGTERMs are ignored while the process exits.
+Ctrl-C (SIGINT; saved like SIGTERM, a second Ctrl-C stops at once). A SIGTERM after the last
+step lets the final evaluation finish (exit 0); once the run is saved, further SIGTERMs are
+ignored while the process exits.
 """
 
 from __future__ import annotations

@@ -71,7 +71,9 @@ def _train_and_evaluate(
     print(describe_run_info(info))
     evaluator = Evaluator(config, workdir, run.dp, run.model_config, run.tokenizer)
     trainer = _Trainer(run, train_iter, evaluator)
-    with Signals() as signals:  # until the run is saved: a late SIGTERM waits for it
+    # Until the run and its final evaluation are saved, a SIGTERM waits for them: every
+    # process finishes the same steps and collectives (a second Ctrl-C still stops at once).
+    with Signals() as signals:
         try:
             stopped_by = trainer.train(signals)
         finally:
@@ -80,16 +82,16 @@ def _train_and_evaluate(
             trainer.writer.close()
             print(f"{stopped_by}: saved the checkpoint at step {trainer.step}; rerun to resume")
             return {"step": trainer.step, "complete": False, "stopped_by": stopped_by}
-    last = max(run.start, num_steps)
-    print(f"evaluating step {last} on {config.data.eval_split} ...")
-    record = evaluator.dev(trainer.state.params)
-    print(describe(last, "dev", record))
-    if config.train.final_test:
-        print(f"evaluating step {last} on {config.data.test_split} ...")
-        record.update(evaluator.test(trainer.state.params, last))
-    trainer.writer.write(last, record)
-    trainer.writer.close()
-    return {"step": last, "complete": True, **record}
+        last = max(run.start, num_steps)
+        print(f"evaluating step {last} on {config.data.eval_split} ...")
+        record = evaluator.dev(trainer.state.params)
+        print(describe(last, "dev", record))
+        if config.train.final_test:
+            print(f"evaluating step {last} on {config.data.test_split} ...")
+            record.update(evaluator.test(trainer.state.params, last))
+        trainer.writer.write(last, record)
+        trainer.writer.close()
+        return {"step": last, "complete": True, **record}
 
 
 def has_final_results(workdir: str, step: int) -> bool:
