@@ -8,14 +8,21 @@ import numpy as np
 import optax
 import pytest
 
+from transformer_jax.training.defaults import default_config
 from transformer_jax.training.loss import (
     loss_and_metrics,
     smoothed_cross_entropy,
     smoothed_target,
     summarize,
 )
-from transformer_jax.training.optimizer import transformer_optimizer, transformer_schedule
+from transformer_jax.training.optimizer import (
+    transformer_optimizer,
+    transformer_schedule,
+    with_cooldown,
+)
+from transformer_jax.training.run import init_state, run_schedule
 from transformer_jax.training.steps import apply_gradients, create_train_state
+from transformer_jax.training.validation import validate_config
 
 
 def paper_lr(step, d_model=512, warmup=4000, scale=1.0):
@@ -41,6 +48,44 @@ def test_schedule_rejects_bad_values():
         transformer_schedule(512, 0)
     with pytest.raises(ValueError, match="train.learning_rate_scale"):
         transformer_schedule(512, 10, scale=-1.0)
+
+
+def test_cooldown_falls_linearly_to_zero_over_the_last_steps():
+    paper = transformer_schedule(16, 3)
+    cooled = with_cooldown(paper, num_steps=10, cooldown_steps=4)
+    # updates 1-6 (count 0-5) at the paper's rate, then 4/4, 3/4, 2/4, 1/4 of it
+    factors = [1, 1, 1, 1, 1, 1, 1, 0.75, 0.5, 0.25]
+    for count, factor in enumerate(factors):
+        expected = factor * paper_lr(count + 1, d_model=16, warmup=3)
+        np.testing.assert_allclose(float(cooled(count)), expected, rtol=1e-6, err_msg=count)
+    assert float(cooled(10)) == 0.0 and float(cooled(50)) == 0.0
+    assert with_cooldown(paper, 10, 0) is paper
+    for bad in (-1, 11):
+        with pytest.raises(ValueError, match="train.cooldown_steps"):
+            with_cooldown(paper, 10, bad)
+
+
+def test_a_training_runs_updates_follow_train_cooldown_steps():
+    """Adam's moments do not depend on the rate: with the same gradients, the cooled run's
+    update is the factor times the plain run's, update by update."""
+    config = default_config()
+    config.model.update(vocab_size=32, d_model=16, num_heads=2, d_ff=32)
+    config.model.update(num_encoder_layers=1, num_decoder_layers=1)
+    config.train.update(num_steps=4, warmup_steps=2, cooldown_steps=3)
+    plain = config.copy_and_resolve_references()
+    plain.train.cooldown_steps = 0
+    model_config = validate_config(config)
+    states = [init_state(model_config, c) for c in (plain, config)]
+    grads = jax.tree.map(jnp.ones_like, states[0].params)
+    opt = [s.opt_state for s in states]
+    for count, factor in enumerate([1.0, 1.0, 2 / 3, 1 / 3]):
+        (a, opt[0]), (b, opt[1]) = (
+            s.tx.update(grads, o, s.params) for s, o in zip(states, opt, strict=True)
+        )
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+            np.testing.assert_allclose(y, factor * x, rtol=1e-5, atol=1e-12, err_msg=count)
+        rate = float(run_schedule(config, model_config)(count))
+        assert rate == pytest.approx(factor * float(run_schedule(plain, model_config)(count)))
 
 
 def test_optimizer_is_adam_with_the_papers_betas():

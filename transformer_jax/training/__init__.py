@@ -5,7 +5,11 @@ checkpoints and the loop behind ``train.py`` (``loop``) are imported from their 
 """
 
 from transformer_jax.training.loss import loss_and_metrics, smoothed_cross_entropy, summarize
-from transformer_jax.training.optimizer import transformer_optimizer, transformer_schedule
+from transformer_jax.training.optimizer import (
+    transformer_optimizer,
+    transformer_schedule,
+    with_cooldown,
+)
 from transformer_jax.training.steps import (
     TrainState,
     accumulate_gradients,
@@ -32,5 +36,6 @@ __all__ = [
     "train_step",
     "transformer_optimizer",
     "transformer_schedule",
+    "with_cooldown",
     "zero_accumulator",
 ]

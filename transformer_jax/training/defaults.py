@@ -53,6 +53,7 @@ def default_config() -> ml_collections.ConfigDict:
     config.train.num_steps = 100_000  # base model: 100k steps (§5.2)
     config.train.warmup_steps = 4000
     config.train.learning_rate_scale = 1.0
+    config.train.cooldown_steps = 0  # > 0: the rate falls linearly to 0 over the last N steps
     config.train.adam_b1 = 0.9
     config.train.adam_b2 = 0.98
     config.train.adam_eps = 1e-9

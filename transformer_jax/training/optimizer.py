@@ -1,4 +1,5 @@
-"""Adam with the paper's warmup / inverse-square-root learning rate (§5.3, equation 3)."""
+"""Adam with the paper's warmup / inverse-square-root learning rate (§5.3, equation 3), and
+an optional linear decay to zero over a run's last steps."""
 
 from __future__ import annotations
 
@@ -27,6 +28,29 @@ def transformer_schedule(
         return scale * d_model**-0.5 * jnp.minimum(step**-0.5, step * warmup_steps**-1.5)
 
     return schedule
+
+
+def with_cooldown(schedule: optax.Schedule, num_steps: int, cooldown_steps: int) -> optax.Schedule:
+    """``schedule`` times a factor that falls linearly from 1 to 0 over the last
+    ``cooldown_steps`` of ``num_steps`` updates: ``min(1, (num_steps - count) /
+    cooldown_steps)``, so the last update runs at ``1 / cooldown_steps`` of the rate.
+
+    Not in the paper, which trains at the inverse-square-root rate to the end and averages
+    the last checkpoints (§6.1); ``cooldown_steps = 0`` returns ``schedule`` itself.
+    """
+    if not 0 <= cooldown_steps <= num_steps:
+        raise ValueError(
+            f"train.cooldown_steps must be between 0 and train.num_steps ({num_steps}), "
+            f"got {cooldown_steps}"
+        )
+    if cooldown_steps == 0:
+        return schedule
+
+    def cooled(count: jnp.ndarray) -> jnp.ndarray:
+        left = num_steps - jnp.asarray(count, jnp.float32)
+        return schedule(count) * jnp.clip(left / cooldown_steps, 0.0, 1.0)
+
+    return cooled
 
 
 def transformer_optimizer(

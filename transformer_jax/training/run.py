@@ -18,7 +18,11 @@ from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.training import checkpoints
 from transformer_jax.training.distributed import from_process_zero
-from transformer_jax.training.optimizer import transformer_optimizer, transformer_schedule
+from transformer_jax.training.optimizer import (
+    transformer_optimizer,
+    transformer_schedule,
+    with_cooldown,
+)
 from transformer_jax.training.parallel import DataParallel
 from transformer_jax.training.steps import TrainState, create_train_state
 
@@ -102,10 +106,13 @@ def write_config(
 
 
 def run_schedule(config: ml_collections.ConfigDict, model_config: TransformerConfig) -> Any:
-    """The learning rate of each update: the paper's warmup schedule for ``config.train``."""
-    return transformer_schedule(
-        model_config.d_model, config.train.warmup_steps, config.train.learning_rate_scale
+    """The learning rate of each update: the paper's warmup schedule for ``config.train``,
+    decayed to zero over its last ``train.cooldown_steps``."""
+    train = config.train
+    paper = transformer_schedule(
+        model_config.d_model, train.warmup_steps, train.learning_rate_scale
     )
+    return with_cooldown(paper, train.num_steps, train.cooldown_steps)
 
 
 def init_state(model_config: TransformerConfig, config: ml_collections.ConfigDict) -> TrainState:

@@ -52,8 +52,14 @@ def validate_config(config: ml_collections.ConfigDict) -> TransformerConfig:
         "test_sentences",
         "samples",
         "seed",
+        "cooldown_steps",
     ):
         _int(config, "train", name, 0)
+    if config.train.cooldown_steps > config.train.num_steps:
+        raise ValueError(
+            f"train.cooldown_steps={config.train.cooldown_steps} must be at most "
+            f"train.num_steps={config.train.num_steps}"
+        )
     _float(config, "train", "learning_rate_scale", 0.0)
     _float(config, "train", "adam_b1", -1e-12, 1.0)
     _float(config, "train", "adam_b2", -1e-12, 1.0)
