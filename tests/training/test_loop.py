@@ -21,6 +21,7 @@ from transformer_jax.kernels import vectors
 from transformer_jax.training import checkpoints
 from transformer_jax.training.logs import read_metrics
 from transformer_jax.training.loop import train_and_evaluate
+from transformer_jax.training.signals import Signals
 from transformer_jax.training.validation import validate_config
 
 ROOT = str(REPO_ROOT)
@@ -193,33 +194,53 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run_and_sigterm_saves(prep
 
 
 LATE_SIGTERM = """
-import atexit, os, signal, sys
+import os, signal, sys
 from transformer_jax.cli import train as cli
+from transformer_jax.training import loop
 
-cli.train_and_evaluate = lambda config, workdir: {result!r}
-atexit.register(os.kill, os.getpid(), signal.SIGTERM)  # arrives while the process shuts down
+update, train_and_evaluate = loop._Trainer.update, loop._train_and_evaluate
+def update_then_sigterm(self, step):  # the launcher's SIGTERM to this task, at step {stop_at}
+    update(self, step)
+    if step == {stop_at}:
+        os.kill(os.getpid(), signal.SIGTERM)
+def train_and_evaluate_then_sigterm(*args):  # the SIGTERM it sends a peer, while this one
+    result = train_and_evaluate(*args)       # tears its run down
+    os.kill(os.getpid(), signal.SIGTERM)
+    return result
+loop._Trainer.update = update_then_sigterm
+loop._train_and_evaluate = train_and_evaluate_then_sigterm
 sys.argv = ["train.py", "--config={config}", "--workdir={workdir}"]
 cli.main()
 """
 
 
-@pytest.mark.parametrize(
-    "result, code",
-    [
-        ({"step": 8, "complete": False, "stopped_by": "SIGTERM"}, 75),
-        ({"step": 8, "complete": True}, 0),
-    ],
-)
-def test_a_sigterm_after_the_run_is_saved_does_not_kill_train_py(tmp_path, result, code):
+@pytest.mark.parametrize("stop_at, code", [(2, 75), (None, 0)])
+def test_a_sigterm_after_the_run_is_saved_does_not_kill_train_py(prepared, tmp_path, stop_at, code):
     """What a launcher does when it signals each process of a run steps apart: the second
-    SIGTERM reaches a process that is already saved and exiting (its peers wait for it)."""
-    _, config_path = micro_config(tmp_path)
-    script = LATE_SIGTERM.format(result=result, config=config_path, workdir=tmp_path / "run")
+    SIGTERM reaches a process whose run is saved (stopped, or complete) and that is shutting
+    down, its peers waiting for it. It is ignored from the moment training stops."""
+    _, config_path = micro_config(tmp_path, steps=4, every=4)
+    workdir = workdir_from(prepared, tmp_path / "run")
+    script = LATE_SIGTERM.format(stop_at=stop_at, config=config_path, workdir=workdir)
     env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
     proc = subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == code, proc.stderr[-3000:]
+
+
+def test_signals_restore_the_handlers_or_give_sigterm_the_one_for_after():
+    """On exit each signal gets back its handler, or SIGTERM the one given for after."""
+    before = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        with Signals():
+            assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, signal.SIG_IGN)
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+        with Signals(sigterm_after=signal.SIG_IGN):
+            pass
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 SIGTERM_IN_FINAL_EVALUATION = """

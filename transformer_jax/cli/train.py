@@ -154,14 +154,13 @@ def _train(argv: list[str]) -> None:
             num_processes=FLAGS.num_processes,
             process_id=FLAGS.process_id,
         )
-        result = train_and_evaluate(config, workdir)
+        # Once training stops the run is saved: a late SIGTERM (a launcher signals each task,
+        # steps apart) must not kill this process while it shuts down, its peers waiting.
+        result = train_and_evaluate(config, workdir, sigterm_after=signal.SIG_IGN)
     except (ValueError, FloatingPointError, OSError) as e:
         _fail(str(e), EXIT_ERROR)
     except KeyboardInterrupt:
         _fail("interrupted (a second Ctrl-C): the last checkpoint is kept", EXIT_INTERRUPTED)
-    # The run is saved: a late SIGTERM (a launcher signals each task, steps apart) must not
-    # kill this process while it shuts down, with the other processes waiting for it.
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if not result["complete"]:
         sys.exit(_STOPPED[result["stopped_by"]])
 

@@ -35,22 +35,28 @@ from transformer_jax.training.logs import (
     write_run_info,
 )
 from transformer_jax.training.run import Run, run_schedule, start_run
-from transformer_jax.training.signals import Signals
+from transformer_jax.training.signals import Handler, Signals
 from transformer_jax.training.validation import validate_config
 from transformer_jax.training.workdir import lock_workdir
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+def train_and_evaluate(
+    config: ml_collections.ConfigDict, workdir: str, *, sigterm_after: Handler | None = None
+) -> dict[str, Any]:
     """Train (or resume) ``config`` in ``workdir``, which no other process may write meanwhile
     (``lock_workdir``). Returns the final evaluation results, or ``{'step': ...,
-    'complete': False, 'stopped_by': 'SIGTERM'}`` when a signal stopped it."""
+    'complete': False, 'stopped_by': 'SIGTERM'}`` when a signal stopped it. SIGTERM's handler
+    once training has stopped is ``sigterm_after``, by default the one it had before."""
     model_config = validate_config(config)  # before the workdir is created
     with entered_by_process_zero(lambda: lock_workdir(workdir)):  # refused on every process
-        return _train_and_evaluate(config, model_config, workdir)
+        return _train_and_evaluate(config, model_config, workdir, sigterm_after)
 
 
 def _train_and_evaluate(
-    config: ml_collections.ConfigDict, model_config: TransformerConfig, workdir: str
+    config: ml_collections.ConfigDict,
+    model_config: TransformerConfig,
+    workdir: str,
+    sigterm_after: Handler | None,
 ) -> dict[str, Any]:
     run = start_run(config, model_config, workdir)
     num_steps = config.train.num_steps
@@ -73,7 +79,7 @@ def _train_and_evaluate(
     trainer = _Trainer(run, train_iter, evaluator)
     # Until the run and its final evaluation are saved, a SIGTERM waits for them: every
     # process finishes the same steps and collectives (a second Ctrl-C still stops at once).
-    with Signals() as signals:
+    with Signals(sigterm_after) as signals:
         try:
             stopped_by = trainer.train(signals)
         finally:

@@ -17,6 +17,8 @@ from typing import Any
 
 from transformer_jax.training.distributed import any_process
 
+Handler = Callable[[int, Any], Any] | int | None  # what signal.signal takes and returns
+
 _STOPPING = (signal.SIGTERM, signal.SIGINT)
 _STOP_NAMES = tuple(s.name for s in _STOPPING)
 
@@ -30,9 +32,15 @@ class Requests:
 
 
 class Signals:
-    """Records SIGTERM/SIGINT (checkpoint and stop) and SIGUSR1 (snapshot) while entered."""
+    """Records SIGTERM/SIGINT (checkpoint and stop) and SIGUSR1 (snapshot) while entered.
 
-    def __init__(self) -> None:
+    On exit each signal gets back the handler it had, except that SIGTERM gets
+    ``sigterm_after`` where one is given: ``signal.SIG_IGN`` for a process that only shuts
+    down after, so that no default handler is installed in between to let a late SIGTERM
+    kill it while its peers wait for it."""
+
+    def __init__(self, sigterm_after: Handler | None = None) -> None:
+        self._sigterm_after = sigterm_after
         self._stop: str | None = None
         self._snapshot = False
         self._previous: dict[int, Any] = {}
@@ -74,4 +82,5 @@ class Signals:
 
     def __exit__(self, *exc: Any) -> None:
         for signum, previous in self._previous.items():
-            signal.signal(signum, previous)
+            after = self._sigterm_after if signum == signal.SIGTERM else None
+            signal.signal(signum, previous if after is None else after)
