@@ -203,8 +203,8 @@ def update_then_sigterm(self, step):  # the launcher's SIGTERM to this task, at 
     update(self, step)
     if step == {stop_at}:
         os.kill(os.getpid(), signal.SIGTERM)
-def train_and_evaluate_then_sigterm(*args):  # the SIGTERM it sends a peer, while this one
-    result = train_and_evaluate(*args)       # tears its run down
+def train_and_evaluate_then_sigterm(*args):  # a late second SIGTERM, while the saved run
+    result = train_and_evaluate(*args)       # is torn down
     os.kill(os.getpid(), signal.SIGTERM)
     return result
 loop._Trainer.update = update_then_sigterm
