@@ -17,7 +17,7 @@ from typing import Any
 
 from transformer_jax.training.distributed import any_process
 
-Handler = Callable[[int, Any], Any] | int | None  # what signal.signal takes and returns
+Handler = Callable[[int, Any], Any] | int  # one signal.signal installs (SIG_IGN, SIG_DFL: ints)
 
 _STOPPING = (signal.SIGTERM, signal.SIGINT)
 _STOP_NAMES = tuple(s.name for s in _STOPPING)
