@@ -243,6 +243,26 @@ def test_signals_restore_the_handlers_or_give_sigterm_the_one_for_after():
         signal.signal(signal.SIGTERM, before)
 
 
+def test_signals_give_a_handler_from_outside_python_the_default_back(monkeypatch):
+    """signal.signal answers None for a handler installed outside Python: exit installs
+    SIG_DFL, since None cannot be installed."""
+    real = signal.signal
+    answers = {signal.SIGTERM: None}
+
+    def first_sigterm_from_outside(signum, handler):
+        previous = real(signum, handler)
+        return answers.pop(signum, previous)
+
+    before = real(signal.SIGTERM, signal.SIG_IGN)
+    monkeypatch.setattr(signal, "signal", first_sigterm_from_outside)
+    try:
+        with Signals():
+            pass
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    finally:
+        real(signal.SIGTERM, before)
+
+
 SIGTERM_IN_FINAL_EVALUATION = """
 import os, signal, sys
 from transformer_jax.cli import train as cli

@@ -43,15 +43,17 @@ class Signals:
         self._sigterm_after = sigterm_after
         self._stop: str | None = None
         self._snapshot = False
-        self._previous: dict[int, Any] = {}
+        self._previous: dict[int, Handler] = {}
         self._shared: Callable[[], tuple[bool, ...]] | None = None
 
     def __enter__(self) -> Signals:
         for signum in (*_STOPPING, signal.SIGUSR1):
             try:
-                self._previous[signum] = signal.signal(signum, self._handle)
+                previous = signal.signal(signum, self._handle)
             except ValueError:  # not the main thread: no handlers
                 break
+            # None: a handler installed outside Python, which Python cannot put back
+            self._previous[signum] = signal.SIG_DFL if previous is None else previous
         return self
 
     def _handle(self, signum: int, frame: Any) -> None:
