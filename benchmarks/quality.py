@@ -410,8 +410,8 @@ def evaluate(
 
     loaded = [load_run(workdir, checkpoint) for workdir in workdirs]
     config = loaded[0][0]
-    tokenizer = shared_tokenizer(workdirs)
     model_configs = [from_config_dict(run.model) for run, _, _ in loaded]
+    tokenizer = shared_tokenizer(workdirs, model_configs[0].tgt_vocab)
     params = [p for _, p, _ in loaded]
     if len(workdirs) == 1:
         model_configs, params = model_configs[0], params[0]

@@ -70,6 +70,19 @@ SETTINGS = {
         src_len=64,
         tgt_len=64,
     ),
+    "members": Setting(  # configs/multi30k.py:60x2's models, one per core
+        dict(
+            vocab_size=8000,
+            d_model=128,
+            num_heads=4,
+            d_ff=256,
+            num_encoder_layers=4,
+            num_decoder_layers=4,
+        ),
+        batch=64,
+        src_len=64,
+        tgt_len=64,
+    ),
     "base": Setting(dict(vocab_size=32000), batch=16, src_len=64, tgt_len=64),  # paper base
     # the paper's batches (§5.1: ~25,000 source and 25,000 target tokens), for a GPU
     "base-25k": Setting(dict(vocab_size=32000), batch=392, src_len=64, tgt_len=64),
@@ -101,17 +114,22 @@ VARIANTS = {  # library options compared in one process, alternating with each o
     "rbg": {"rng_impl": "rbg"},  # dropout masks from XLA's RngBitGenerator
     "unsafe_rbg": {"rng_impl": "unsafe_rbg"},
     "no-dropout": {"model": {"dropout_rate": 0.0}},  # not a training setting: RNG cost bound
+    "target-5120": {"model": {"tgt_vocab_size": 5120}},  # targets: the first 5,120 pieces
     "pmap": {"parallel": "pmap"},  # the training loop's DataParallel wrappers
     "shard_map": {"parallel": "shard_map"},
 }
 
 
-def random_batch(setting: Setting, seed: int = 0) -> dict[str, np.ndarray]:
-    """Full-length pairs of random non-special tokens (ids 4..vocab-1; no padding)."""
+def random_batch(
+    setting: Setting, seed: int = 0, tgt_vocab: int | None = None
+) -> dict[str, np.ndarray]:
+    """Full-length pairs of random non-special tokens (ids 4..vocab-1, targets below
+    ``tgt_vocab`` if given; no padding)."""
     rng = np.random.default_rng(seed)
     vocab = setting.model["vocab_size"]
     src = rng.integers(4, vocab, (setting.batch, setting.src_len), dtype=np.int32)
-    tgt = rng.integers(4, vocab, (setting.batch, setting.tgt_len + 1), dtype=np.int32)
+    shape = (setting.batch, setting.tgt_len + 1)
+    tgt = rng.integers(4, tgt_vocab or vocab, shape, dtype=np.int32)
     return {"src": src, "tgt_in": tgt[:, :-1], "tgt_out": tgt[:, 1:]}
 
 
@@ -138,7 +156,7 @@ class JaxStep:
         fields["kernels"] = kernels
         self.config = TransformerConfig(**fields)
         model = Transformer(self.config)
-        batch = random_batch(setting)
+        batch = random_batch(setting, tgt_vocab=self.config.tgt_vocab)
         key = jax.random.PRNGKey(0)
         params = jax.jit(lambda k: model.init(k, batch["src"][:1], batch["tgt_in"][:1]))(key)
         tx = transformer_optimizer(transformer_schedule(self.config.d_model, WARMUP_STEPS))
@@ -230,6 +248,7 @@ class TorchWorker:
 
 def measure(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     """Time one setting: each JAX variant (and torch), alternating; one row per worker."""
+    from transformer_jax import TransformerConfig
     from transformer_jax.analysis.costs import training_flops
 
     setting = SETTINGS[name]
@@ -270,12 +289,13 @@ def measure(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
             if isinstance(worker, JaxStep) and worker.jitted and not worker.config.scan_layers:
                 floors[key] = dot_floor(worker.optimized_hlo(), 1 if args.smoke else 10)
 
-    config = next(iter(workers.values())).config
-    flops = training_flops(config, setting.src_len, setting.tgt_len, setting.batch)
+    plain = TransformerConfig(**setting.model)  # torch's model: the setting's, no variant
     tgt_tokens = setting.batch * setting.tgt_len
     rows = []
     for key, ts in times.items():
         s = summary(ts)
+        config = workers[key].config if isinstance(workers[key], JaxStep) else plain
+        flops = training_flops(config, setting.src_len, setting.tgt_len, setting.batch)
         rows.append(
             {
                 "config": name,

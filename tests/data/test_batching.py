@@ -9,6 +9,7 @@ from conftest import TINY_CONFIG
 
 from transformer_jax.data import batching, pipeline
 from transformer_jax.data.batching import Batcher, EncodedPairs, TrainIterator, eval_batches
+from transformer_jax.data.synthetic import synthetic_pairs
 from transformer_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from transformer_jax.training.defaults import default_config
 
@@ -222,6 +223,23 @@ def test_packed_segments_are_isolated_in_the_model():
         mask = packed["tgt_segments"][0] == s
         alone = model.apply({"params": params}, src_row, packed["tgt_in"][:, mask])
         np.testing.assert_allclose(logits[:, mask], alone, atol=1e-5)
+
+
+def test_pipeline_encodes_targets_with_the_first_pieces(tmp_path):
+    config = default_config().data
+    config.update(source="synthetic", max_len=64, tokenizer_train_sentences=2000)
+    workdir = str(tmp_path)
+    limited = pipeline.get_tokenizer(config, workdir, 500, target_vocab_size=100)
+    assert limited.target_vocab_size == 100
+    encoded = pipeline.encoded_split(config, "validation", limited, workdir)
+    assert encoded.tgt.max() < 100 <= encoded.src.max()
+    pairs = synthetic_pairs("validation")
+    targets = [encoded.target(i) for i in range(len(encoded))]
+    assert limited.decode_batch(targets) == [t for _, t in pairs]
+    whole = pipeline.get_tokenizer(config, workdir, 500)  # the same file, all pieces
+    assert whole.target_vocab_size is None and whole.fingerprint == limited.fingerprint
+    assert pipeline.encoded_split(config, "validation", whole, workdir).tgt.max() >= 100
+    assert len(os.listdir(os.path.join(workdir, "data_cache"))) == 2
 
 
 def test_pipeline_trains_tokenizer_once_and_caches_ids(tmp_path):

@@ -1,5 +1,6 @@
 """The shared BPE tokenizer: special ids, round trips, odd input, small corpora, errors."""
 
+import collections
 import os
 
 import pytest
@@ -89,3 +90,68 @@ def test_errors(tmp_path):
     with pytest.raises(ValueError, match="no non-empty"):
         tk.train_tokenizer(["", "  "], str(tmp_path / "t.model"), 300)
     assert not os.path.exists(tmp_path / "t.model")
+
+
+PAIRS = synthetic_pairs("validation")
+TARGETS = [t for _, t in PAIRS]
+
+
+@pytest.fixture(scope="module")
+def target_ordered(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("tok") / "tokenizer.model")
+    return tk.train_tokenizer(CORPUS, path, 600, targets=TARGETS)
+
+
+def pieces(tokenizer, rows):
+    return [[tokenizer._sp.id_to_piece(i) for i in row] for row in rows]
+
+
+def test_target_order_keeps_the_segmentation_and_numbers_pieces_by_target_frequency(
+    tokenizer, target_ordered
+):
+    assert target_ordered.model_proto != tokenizer.model_proto
+    for texts in (TARGETS, [s for s, _ in PAIRS], ["snowman ☃ 漢字 éà"]):
+        ids = target_ordered.encode_batch(texts)
+        assert pieces(target_ordered, ids) == pieces(tokenizer, tokenizer.encode_batch(texts))
+        plain = tokenizer.decode_batch(tokenizer.encode_batch(texts))
+        assert target_ordered.decode_batch(ids) == plain
+    sp = target_ordered._sp
+    assert [sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id()] == [0, 1, 2, 3]
+    counts = collections.Counter(i for row in target_ordered.encode_batch(TARGETS) for i in row)
+    assert 0 < len(counts) < target_ordered.vocab_size - tk.NUM_SPECIAL_IDS  # English-only
+    # first the pieces that spell the targets' characters, then the rest; each by frequency
+    characters = len(set("".join(TARGETS).replace(" ", "")) | {"\u2581"})
+    spelling = range(tk.NUM_SPECIAL_IDS, tk.NUM_SPECIAL_IDS + characters)
+    assert sorted(sp.id_to_piece(i) for i in spelling) == sorted(
+        set("".join(TARGETS).replace(" ", "")) | {"\u2581"}
+    )
+    for group in (spelling, range(spelling.stop, target_ordered.vocab_size)):
+        frequencies = [counts[i] for i in group]
+        assert frequencies == sorted(frequencies, reverse=True)
+
+
+def test_encode_targets_uses_only_the_first_pieces(target_ordered, tmp_path):
+    used = 1 + max(i for row in target_ordered.encode_batch(TARGETS) for i in row)
+    proto = target_ordered.model_proto
+    exact = tk.Tokenizer(proto, used)
+    assert exact.encode_targets(TARGETS) == target_ordered.encode_batch(TARGETS)
+
+    fewer = tk.Tokenizer(proto, used - 30)  # 30 rare pieces are split
+    ids = fewer.encode_targets(TARGETS)
+    assert max(max(row) for row in ids) < fewer.target_vocab_size
+    assert fewer.decode_batch(ids) == TARGETS
+    assert sum(map(len, ids)) > sum(map(len, exact.encode_targets(TARGETS)))
+    assert fewer.encode_batch(TARGETS) == target_ordered.encode_batch(TARGETS)  # sources: all
+
+    # a character no target piece spells (its byte pieces come later) is unknown
+    (snowman,) = fewer.encode_targets(["lo ☃"])
+    assert tk.UNK_ID in snowman and tk.UNK_ID not in fewer.encode("lo ☃")
+
+    whole = tk.Tokenizer(proto, target_ordered.vocab_size + 5)
+    assert whole.target_vocab_size is None
+    assert whole.encode_targets(TARGETS) == target_ordered.encode_batch(TARGETS)
+    path = str(tmp_path / "t.model")
+    target_ordered.save(path)
+    assert tk.load_tokenizer(path, 100).encode_targets(TARGETS) == (
+        tk.Tokenizer(proto, 100).encode_targets(TARGETS)
+    )

@@ -306,3 +306,18 @@ def test_config_files_build_the_paper_models():
     with pytest.raises(ValueError, match="dtype must be one of"):
         from_config_dict({"dtype": "float8"})
     assert from_config_dict({"dtype": "bfloat16"}).dtype == jnp.bfloat16
+
+
+def test_a_smaller_target_vocabulary_is_the_first_rows_of_the_shared_one():
+    """``tgt_vocab_size`` below the shared vocabulary: the same parameters, the logits over
+    its first pieces alone."""
+    small = TINY.replace(tgt_vocab_size=24)
+    src, tgt = tokens((2, 5), 0), tokens((2, 4), 1, high=24)
+    params = init(TINY, src, tgt)
+    assert jax.tree.map(jnp.shape, init(small, src, tgt)) == jax.tree.map(jnp.shape, params)
+    full = applier(TINY)({"params": params}, src, tgt)
+    logits = applier(small)({"params": params}, src, tgt)
+    assert logits.shape == (2, 4, 24)
+    np.testing.assert_allclose(logits, full[..., :24], rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="tgt_vocab_size <= src_vocab_size"):
+        TINY.replace(tgt_vocab_size=41)

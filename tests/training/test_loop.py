@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 from conftest import ROOT as REPO_ROOT
 
+from transformer_jax.cli.common import load
+from transformer_jax.cli.translate import main as translate_main
 from transformer_jax.data import pipeline
 from transformer_jax.kernels import vectors
 from transformer_jax.training import checkpoints
@@ -144,6 +146,29 @@ def test_train_end_to_end_then_resume_says_complete(prepared, tmp_path, capsys):
     assert again == {"step": 6, "complete": True}
     out = capsys.readouterr().out
     assert "is complete" in out and "resuming" not in out
+
+
+def test_a_target_vocabulary_of_the_first_pieces_trains_and_translates(tmp_path, capsys):
+    """``model.tgt_vocab_size`` below ``vocab_size``: the tokenizer numbers pieces by target
+    frequency, targets use the first ones, the output layer has as many rows, and the
+    translate command reads the run."""
+    config, _ = micro_config(tmp_path, steps=2, every=2)
+    config.model.tgt_vocab_size = 150
+    config.train.update(eval_sentences=4)
+    config.decode.beam_size = 1
+    workdir = str(tmp_path / "run")
+    assert train_and_evaluate(config, workdir)["complete"]
+    tokenizer = pipeline.get_tokenizer(config.data, workdir, 300, 150)
+    encoded = pipeline.encoded_split(config.data, "train", tokenizer, workdir)
+    assert encoded.tgt.max() < 150 <= encoded.src.max()
+    _, _, params, loaded = load(workdir, "latest")  # what translate and evaluate read
+    assert params["shared_embed"]["embedding"].shape == (300, 32)
+    assert loaded.target_vocab_size == 150
+    capsys.readouterr()
+    source = tmp_path / "source.txt"
+    source.write_text("the big dog sees a cat\n")
+    assert translate_main(["--workdir", workdir, "--beam_size", "1", "--input", str(source)]) == 0
+    assert len(capsys.readouterr().out.split("\n")) == 2
 
 
 def test_progress_bar_shows_a_loss_only_once_one_is_read(prepared, tmp_path, capsys):

@@ -30,7 +30,8 @@ def load(workdir: str, checkpoint: str) -> tuple[Any, TransformerConfig, Any, To
     tokenizer = load_tokenizer(os.path.join(workdir, "tokenizer.model"))
     run, params, step = load_run(workdir, checkpoint)
     log.info("loaded %s checkpoint (step %d) from %s", checkpoint, step, workdir)
-    return run, from_config_dict(run.model), params, tokenizer
+    model = from_config_dict(run.model)
+    return run, model, params, Tokenizer(tokenizer.model_proto, model.tgt_vocab)
 
 
 def load_models(
@@ -41,15 +42,16 @@ def load_models(
     if len(workdirs) == 1:
         return load(workdirs[0], checkpoint)
     loaded = [load(workdir, checkpoint) for workdir in workdirs]
-    tokenizer = shared_tokenizer(workdirs)
+    tokenizer = shared_tokenizer(workdirs, loaded[0][1].tgt_vocab)
     return loaded[0][0], [m[1] for m in loaded], [m[2] for m in loaded], tokenizer
 
 
-def shared_tokenizer(workdirs: Sequence[str]) -> Tokenizer:
-    """The tokenizer of the runs in ``workdirs``; ValueError unless their
-    ``tokenizer.model`` files are the same."""
+def shared_tokenizer(workdirs: Sequence[str], target_vocab_size: int | None = None) -> Tokenizer:
+    """The tokenizer of the runs in ``workdirs`` (targets limited to ``target_vocab_size``
+    pieces: the runs' ``model.tgt_vocab_size``); ValueError unless their ``tokenizer.model``
+    files are the same."""
     paths = [os.path.join(workdir, "tokenizer.model") for workdir in workdirs]
-    tokenizer = load_tokenizer(paths[0])
+    tokenizer = load_tokenizer(paths[0], target_vocab_size)
     with open(paths[0], "rb") as f:
         first = f.read()
     for path in paths[1:]:

@@ -27,23 +27,31 @@ TOKENIZER_FILE = "tokenizer.model"
 CACHE_DIR = "data_cache"
 
 
-def get_tokenizer(data_config: Any, workdir: str, vocab_size: int) -> Tokenizer:
+def get_tokenizer(
+    data_config: Any, workdir: str, vocab_size: int, target_vocab_size: int | None = None
+) -> Tokenizer:
     """``{workdir}/tokenizer.model``, trained on both sides of the training split if absent.
 
     At most ``data.tokenizer_train_sentences`` sentences are sampled. The vocabulary may
     come out smaller than ``vocab_size`` on a small corpus (see ``Tokenizer.vocab_size``).
+    With ``target_vocab_size`` below ``vocab_size`` its pieces are numbered by frequency on
+    the target side and targets are encoded with the first ``target_vocab_size``.
     """
     path = os.path.join(workdir, TOKENIZER_FILE)
     if os.path.isfile(path):
-        return load_tokenizer(path)
+        return load_tokenizer(path, target_vocab_size)
     pairs = load_pairs(data_config, data_config.train_split)
-    sentences = itertools.chain.from_iterable(pairs)
+    targets = None
+    if target_vocab_size is not None and target_vocab_size < vocab_size:
+        targets = [t for _, t in pairs]
     return train_tokenizer(
-        sentences,
+        itertools.chain.from_iterable(pairs),
         path,
         vocab_size,
         max_sentences=data_config.tokenizer_train_sentences,
         seed=data_config.seed,
+        targets=targets,
+        target_vocab_size=target_vocab_size,
     )
 
 
@@ -51,6 +59,8 @@ def _cache_key(data_config: Any, split: str, tokenizer: Tokenizer) -> str:
     fields = ("source", "tfds_name", "text_dir", "src_lang", "tgt_lang")
     origin = {name: data_config.get(name) for name in fields}
     origin.update(split=split, tokenizer=tokenizer.fingerprint)
+    if tokenizer.target_vocab_size is not None:
+        origin["target_vocab_size"] = tokenizer.target_vocab_size
     if data_config.source == "text":  # an edited file is encoded again
         langs = (data_config.src_lang, data_config.tgt_lang)
         stats = [os.stat(text_path(data_config.text_dir, split, lang)) for lang in langs]
@@ -60,7 +70,7 @@ def _cache_key(data_config: Any, split: str, tokenizer: Tokenizer) -> str:
 
 def encode_pairs(tokenizer: Tokenizer, pairs: list[tuple[str, str]]) -> EncodedPairs:
     src = tokenizer.encode_batch([s for s, _ in pairs])
-    tgt = tokenizer.encode_batch([t for _, t in pairs])
+    tgt = tokenizer.encode_targets([t for _, t in pairs])
     return EncodedPairs.from_lists(src, tgt)
 
 

@@ -3,7 +3,9 @@ which has a shared source-target vocabulary of about 37000 tokens").
 
 The special ids are those of :mod:`transformer_jax.ids` (PAD 0, UNK 1, BOS 2, EOS 3).
 Byte fallback turns characters unseen in training into byte pieces, so no input text can
-fail to encode.
+fail to encode. A vocabulary trained with ``targets`` numbers its pieces by their frequency on
+the target side, so that the target side can be limited to the first pieces
+(``target_vocab_size``) and the output layer to as many rows.
 """
 
 from __future__ import annotations
@@ -13,27 +15,53 @@ import io
 import os
 import random
 import uuid
+from collections import Counter
 from collections.abc import Iterable, Sequence
 
 import sentencepiece as spm
+from sentencepiece import sentencepiece_model_pb2
 
 from transformer_jax.ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
-# 4 specials + 256 byte-fallback pieces (+ the characters of the corpus).
-MIN_VOCAB_SIZE = 4 + 256
+NUM_SPECIAL_IDS = 4  # PAD, UNK, BOS, EOS: ids 0-3, before every piece
+# the specials + 256 byte-fallback pieces (+ the characters of the corpus)
+MIN_VOCAB_SIZE = NUM_SPECIAL_IDS + 256
+_Piece = sentencepiece_model_pb2.ModelProto.SentencePiece
 
 
 class Tokenizer:
-    """A trained sentencepiece model: text <-> ids of the shared vocabulary."""
+    """A trained sentencepiece model: text <-> ids of the shared vocabulary.
 
-    def __init__(self, model_proto: bytes):
+    ``target_vocab_size`` (None: all pieces) limits :meth:`encode_targets` to the first that
+    many pieces.
+    """
+
+    def __init__(self, model_proto: bytes, target_vocab_size: int | None = None):
         self.model_proto = model_proto
         self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
         self.fingerprint = hashlib.sha1(model_proto).hexdigest()[:16]
+        if target_vocab_size is not None and target_vocab_size >= self.vocab_size:
+            target_vocab_size = None
+        self.target_vocab_size = target_vocab_size
+        self._target_sp = self._sp
+        if target_vocab_size is not None:
+            self._target_sp = spm.SentencePieceProcessor(
+                model_proto=_unused_from(model_proto, target_vocab_size)
+            )
 
     @property
     def vocab_size(self) -> int:
         return self._sp.get_piece_size()
+
+    def encode_targets(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids of target ``texts`` from the first ``target_vocab_size`` pieces only: a
+        word that needs a later piece is split into smaller ones, and a character no first
+        piece spells (its byte pieces come later) becomes UNK."""
+        ids = self._target_sp.encode(list(texts), num_threads=-1)
+        if self.target_vocab_size is None:
+            return ids
+        limit = self.target_vocab_size
+        return [[i if i < limit else UNK_ID for i in row] for row in ids]
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``, without BOS/EOS."""
@@ -79,6 +107,37 @@ class Tokenizer:
         os.replace(tmp, path)
 
 
+def _unused_from(model_proto: bytes, first: int) -> bytes:
+    """``model_proto`` with its ordinary pieces from id ``first`` on marked unused, so that
+    sentencepiece segments with the earlier ones alone."""
+    model = sentencepiece_model_pb2.ModelProto()
+    model.ParseFromString(model_proto)
+    for piece in model.pieces[first:]:
+        if piece.type == _Piece.NORMAL:
+            piece.type = _Piece.UNUSED
+    return model.SerializeToString()
+
+
+def order_by_frequency(model_proto: bytes, texts: Sequence[str]) -> bytes:
+    """``model_proto`` with the same segmentation, its pieces renumbered for ``texts``: after
+    the special ids the pieces of their characters (so that any first pieces past those spell
+    every word of ``texts``), then the others; each group by how often the pieces occur in
+    ``texts``, most frequent first (ties and absent pieces keep their order)."""
+    processor = spm.SentencePieceProcessor(model_proto=model_proto)
+    counts = Counter(i for row in processor.encode(list(texts)) for i in row)
+    characters = {c for text in texts for c in text.replace(" ", "\u2581")} | {"\u2581"}
+    spelling = {processor.piece_to_id(c) for c in characters} - {UNK_ID}
+    model = sentencepiece_model_pb2.ModelProto()
+    model.ParseFromString(model_proto)
+    pieces = list(model.pieces)
+    rest = sorted(
+        range(NUM_SPECIAL_IDS, len(pieces)), key=lambda i: (i not in spelling, -counts[i])
+    )
+    del model.pieces[:]
+    model.pieces.extend(pieces[i] for i in [*range(NUM_SPECIAL_IDS), *rest])
+    return model.SerializeToString()
+
+
 def sample_sentences(sentences: Iterable[str], max_sentences: int, seed: int = 0) -> list[str]:
     """A uniform sample of at most ``max_sentences`` (reservoir sampling, deterministic)."""
     rng = random.Random(seed)
@@ -100,12 +159,17 @@ def train_tokenizer(
     *,
     max_sentences: int | None = None,
     seed: int = 0,
+    targets: Sequence[str] | None = None,
+    target_vocab_size: int | None = None,
 ) -> Tokenizer:
     """Train a BPE model on ``sentences`` (both languages), save it to ``path``.
 
     ``vocab_size`` is an upper bound: a corpus too small for it gives a smaller vocabulary
     (``Tokenizer.vocab_size``) instead of failing. At most ``max_sentences`` sentences
-    (a deterministic sample) are used. Training is quiet and deterministic.
+    (a deterministic sample) are used. Training is quiet and deterministic. With ``targets``
+    (the target side) the pieces are numbered by their frequency there
+    (:func:`order_by_frequency`); the tokenizer returned limits them to
+    ``target_vocab_size``.
     """
     if not isinstance(vocab_size, int) or vocab_size < MIN_VOCAB_SIZE:
         raise ValueError(
@@ -139,12 +203,15 @@ def train_tokenizer(
         )
     except RuntimeError as e:
         raise ValueError(f"sentencepiece could not train a vocabulary of {vocab_size}: {e}") from e
-    tokenizer = Tokenizer(model.getvalue())
+    proto = model.getvalue()
+    if targets is not None:
+        proto = order_by_frequency(proto, targets)
+    tokenizer = Tokenizer(proto, target_vocab_size)
     tokenizer.save(path)
     return tokenizer
 
 
-def load_tokenizer(path: str) -> Tokenizer:
+def load_tokenizer(path: str, target_vocab_size: int | None = None) -> Tokenizer:
     """Load a model written by :func:`train_tokenizer`."""
     if not os.path.isfile(path):
         raise ValueError(
@@ -154,7 +221,7 @@ def load_tokenizer(path: str) -> Tokenizer:
     with open(path, "rb") as f:
         proto = f.read()
     try:
-        tokenizer = Tokenizer(proto)
+        tokenizer = Tokenizer(proto, target_vocab_size)
     except RuntimeError:
         tokenizer = None
     if tokenizer is None or tokenizer.vocab_size == 0:

@@ -52,10 +52,10 @@ def translate_lines(
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
     if not isinstance(beam_size, int) or beam_size < 1:
         raise ValueError(f"beam_size must be a positive integer, got {beam_size!r}")
-    if tokenizer.vocab_size > first.tgt_vocab:
+    if tokenizer.vocab_size > first.src_vocab:
         raise ValueError(
             f"the tokenizer has {tokenizer.vocab_size} pieces but the model's vocabulary "
-            f"(model.vocab_size) is {first.tgt_vocab}"
+            f"(model.vocab_size) is {first.src_vocab}"
         )
 
     todo = [i for i, line in enumerate(lines) if line.strip()]

@@ -35,6 +35,9 @@ class TransformerConfig:
     :mod:`transformer_jax.kernels.precision`); ``scan_layers=True`` compiles each stack's
     layer once (its parameters are then stacked under ``layers`` instead of ``layer_0`` ...
     ``layer_{N-1}``).
+    With shared embeddings, ``tgt_vocab_size`` below ``vocab_size`` makes the target side's
+    pieces the shared vocabulary's first ``tgt_vocab_size``: the decoder reads and predicts
+    only those rows (the tokenizer numbers pieces by target frequency for it).
 
     ``platform`` is the platform the program is for ('auto': JAX's default backend; a
     program lowered or exported for another platform names it); ``kernels`` picks the kernel set
@@ -45,7 +48,7 @@ class TransformerConfig:
 
     vocab_size: int = 37000
     src_vocab_size: int | None = None  # None: the shared vocab_size (paper)
-    tgt_vocab_size: int | None = None
+    tgt_vocab_size: int | None = None  # None: vocab_size; shared: the first this many pieces
     d_model: int = 512
     num_heads: int = 8
     qk_dim: int | None = None  # d_k per head; None: d_model // num_heads
@@ -114,10 +117,11 @@ class TransformerConfig:
                 f"attention_impl={self.attention_impl!r} computes no explicit weights: it needs "
                 "attention_dropout_rate=0 and sow_attention_weights=False"
             )
-        if self.share_embeddings and self.src_vocab != self.tgt_vocab:
+        if self.share_embeddings and self.src_vocab < self.tgt_vocab:
             raise ValueError(
-                "share_embeddings=True needs src_vocab_size == tgt_vocab_size, got "
-                f"{self.src_vocab} and {self.tgt_vocab}"
+                "share_embeddings=True needs tgt_vocab_size <= src_vocab_size (the target "
+                f"side's pieces are the first of the shared ones), got {self.tgt_vocab} and "
+                f"{self.src_vocab}"
             )
         if not 0 <= self.pad_id < min(self.src_vocab, self.tgt_vocab):
             raise ValueError(f"pad_id must be a token id in [0, vocab), got {self.pad_id}")

@@ -59,9 +59,9 @@ class Embed(nn.Module):
         table = jnp.asarray(self.embedding, self.dtype)
         return jnp.take(table, tokens, axis=0) * jnp.asarray(self.d_model**0.5, self.dtype)
 
-    def attend(self, x: Array) -> Array:
-        """Logits ``x E^T`` over the vocabulary."""
-        table = jnp.asarray(self.embedding, self.dtype)
+    def attend(self, x: Array, rows: int | None = None) -> Array:
+        """Logits ``x E^T`` over the vocabulary, or over its first ``rows`` pieces."""
+        table = jnp.asarray(self.embedding[:rows], self.dtype)
         return _kernels.ops(self.kernels).tied_logits(x, table, self.matmul_precision)
 
 

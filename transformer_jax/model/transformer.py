@@ -140,7 +140,7 @@ class Decoder(nn.Module):
             x = layer_norm(cfg, name="final_norm")(x)
 
         if cfg.tie_output:
-            logits = embed.attend(x)
+            logits = embed.attend(x, cfg.tgt_vocab)
         else:
             logits = nn.Dense(
                 cfg.tgt_vocab,
@@ -213,7 +213,7 @@ class Transformer(nn.Module):
     def setup(self) -> None:
         cfg = self.config
         if cfg.share_embeddings:
-            shared = _embed(cfg, cfg.tgt_vocab, "shared_embed")
+            shared = _embed(cfg, cfg.src_vocab, "shared_embed")
             src_embed, tgt_embed = shared, shared
         else:
             src_embed = _embed(cfg, cfg.src_vocab, "src_embed")

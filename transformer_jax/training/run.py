@@ -158,14 +158,17 @@ def start_run(
     os.makedirs(workdir, exist_ok=True)
     previous = check_resumable(config, workdir)  # before anything is written
 
+    target_vocab = model_config.tgt_vocab  # the target side's pieces: the first tgt_vocab
+
     def tokenizer_bytes() -> bytes:
-        return data_lib.get_tokenizer(config.data, workdir, config.model.vocab_size).model_proto
+        vocab_size = config.model.vocab_size
+        return data_lib.get_tokenizer(config.data, workdir, vocab_size, target_vocab).model_proto
 
     # trained and written by process 0 alone; the other processes receive its bytes
-    tokenizer = data_lib.Tokenizer(from_process_zero(tokenizer_bytes))
-    if tokenizer.vocab_size > model_config.tgt_vocab:
+    tokenizer = data_lib.Tokenizer(from_process_zero(tokenizer_bytes), target_vocab)
+    if tokenizer.vocab_size > model_config.src_vocab:
         raise ValueError(
-            f"model.vocab_size={model_config.tgt_vocab} is smaller than the tokenizer's "
+            f"model.vocab_size={model_config.src_vocab} is smaller than the tokenizer's "
             f"{tokenizer.vocab_size} pieces in {workdir}/tokenizer.model"
         )
     dp = DataParallel(
