@@ -167,6 +167,17 @@ def test_forward_and_beam_search_lower_for_cuda(cudnn):
     check_gpu_module(lowered(search, abstract_params(cfg), tokens(4, 32)), cfg)
 
 
+def test_a_smaller_target_vocabulary_lowers_for_cuda(lowering_for):
+    cfg = config("float32", "reference").replace(tgt_vocab_size=5120)
+    params = abstract_params(cfg)
+    module = lowered(forward(cfg), params, tokens(8, 64), tokens(8, 64))
+    check_gpu_module(module, cfg)
+    assert "x5120xf32>" in module  # the logits over the first 5,120 pieces
+    search = lambda p, s: beam_search(cfg, p, s, beam_size=4)  # noqa: E731
+    check_gpu_module(lowered(search, params, tokens(4, 32)), cfg)
+    check_gpu_module(train_module(cfg, "shard_map", lowering_for), cfg)
+
+
 def test_the_cpu_kernel_set_is_what_the_gpu_check_catches():
     """The same check fails on the gradient of ``kernels='cpu'`` lowered for CUDA."""
     cfg = TransformerConfig(platform="gpu", kernels="cpu", num_encoder_layers=1)
