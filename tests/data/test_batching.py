@@ -241,6 +241,15 @@ def test_pipeline_encodes_targets_with_the_first_pieces(tmp_path):
     assert pipeline.encoded_split(config, "validation", whole, workdir).tgt.max() >= 100
     assert len(os.listdir(os.path.join(workdir, "data_cache"))) == 2
 
+    # a tokenizer trained without the limit is refused for it, naming the file and the field
+    plain = str(tmp_path / "plain")
+    unnumbered = pipeline.get_tokenizer(config, plain, 500)
+    assert unnumbered.model_proto != limited.model_proto
+    again = pipeline.get_tokenizer(config, plain, 500, target_vocab_size=100)
+    with pytest.raises(ValueError, match=r"tokenizer.model does not number .*tgt_vocab_size=100"):
+        pipeline.encoded_split(config, "train", again, plain)
+    assert pipeline.encoded_split(config, "train", limited, workdir).tgt.max() < 100
+
 
 def test_pipeline_trains_tokenizer_once_and_caches_ids(tmp_path):
     config = default_config().data

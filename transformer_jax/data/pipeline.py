@@ -21,7 +21,12 @@ import numpy as np
 
 from transformer_jax.data.batching import Batch, Batcher, EncodedPairs, TrainIterator, eval_batches
 from transformer_jax.data.sources import load_pairs, text_path
-from transformer_jax.data.tokenizer import Tokenizer, load_tokenizer, train_tokenizer
+from transformer_jax.data.tokenizer import (
+    Tokenizer,
+    load_tokenizer,
+    order_by_frequency,
+    train_tokenizer,
+)
 
 TOKENIZER_FILE = "tokenizer.model"
 CACHE_DIR = "data_cache"
@@ -102,7 +107,17 @@ def encoded_split(data_config: Any, split: str, tokenizer: Tokenizer, workdir: s
             print(
                 f"warning: the data cache {path} is unreadable ({type(e).__name__}); rebuilding it"
             )
-    encoded = encode_pairs(tokenizer, load_pairs(data_config, split))
+    pairs = load_pairs(data_config, split)
+    if split == data_config.train_split and tokenizer.target_vocab_size is not None:
+        targets = [t for _, t in pairs]
+        if order_by_frequency(tokenizer.model_proto, targets) != tokenizer.model_proto:
+            raise ValueError(
+                f"{os.path.join(workdir, TOKENIZER_FILE)} does not number its pieces for the "
+                f"targets of {split!r}, so model.tgt_vocab_size={tokenizer.target_vocab_size} "
+                "would keep other pieces than the most frequent: train with another --workdir "
+                "(or without model.tgt_vocab_size)"
+            )
+    encoded = encode_pairs(tokenizer, pairs)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.{uuid.uuid4().hex}.tmp"  # unique across hosts sharing the workdir
     with open(tmp, "wb") as f:
