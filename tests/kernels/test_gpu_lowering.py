@@ -178,6 +178,11 @@ def test_a_smaller_target_vocabulary_lowers_for_cuda(lowering_for):
     check_gpu_module(train_module(cfg, "shard_map", lowering_for), cfg)
 
 
+def test_word_dropout_lowers_for_cuda(lowering_for):
+    cfg = config("float32", "reference").replace(word_dropout_rate=0.1)
+    check_gpu_module(train_module(cfg, "shard_map", lowering_for), cfg)
+
+
 def test_the_cpu_kernel_set_is_what_the_gpu_check_catches():
     """The same check fails on the gradient of ``kernels='cpu'`` lowered for CUDA."""
     cfg = TransformerConfig(platform="gpu", kernels="cpu", num_encoder_layers=1)

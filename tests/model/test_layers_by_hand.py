@@ -183,3 +183,41 @@ def test_attention_dropout_when_the_config_has_it(training_pass):
         without.apply(variables, x, deterministic=False, rngs={"dropout": jax.random.key(1)}),
         evaluated,
     )
+
+
+def test_word_dropout_zeroes_whole_token_embeddings_when_the_config_has_it():
+    """Not in the paper (word_dropout_rate=0): each input token's embedding in both stacks is
+    zeroed whole with probability ``rate`` or scaled by ``1 / (1 - rate)``, before positions
+    are added; evaluation and the parameters are those of the model without it."""
+    assert TINY_CONFIG.word_dropout_rate == 0.0
+    cfg = TINY_CONFIG.replace(dropout_rate=0.0, word_dropout_rate=0.5)
+    tokens = jax.random.randint(jax.random.key(2), (8, 12), 3, cfg.vocab_size)
+    model, plain = Transformer(cfg), Transformer(TINY_CONFIG.replace(dropout_rate=0.0))
+    params = model.init(jax.random.key(0), tokens, tokens)["params"]
+    plain_params = plain.init(jax.random.key(0), tokens, tokens)["params"]
+    assert jax.tree.structure(params) == jax.tree.structure(plain_params)
+    calls = []
+
+    def record(next_fun, args, kwargs, context):
+        out = next_fun(*args, **kwargs)
+        if type(context.module).__name__ in ("Dropout", "AddPositions"):
+            calls.append((type(context.module).__name__, context.module.path, args, out))
+        return out
+
+    rngs = {"dropout": jax.random.key(1)}
+    with nn.intercept_methods(record):
+        model.apply({"params": params}, tokens, tokens, deterministic=False, rngs=rngs)
+    for stack in ("encoder", "decoder"):
+        [((x, *_), out)] = [(a, o) for n, p, a, o in calls if p == (stack, "word_dropout")]
+        x, out = np.asarray(x), np.asarray(out)
+        dropped = (out == 0).all(-1)
+        assert 0.3 < dropped.mean() < 0.7, stack
+        np.testing.assert_allclose(out[~dropped], 2.0 * x[~dropped], rtol=1e-6)
+        (positions_input,) = [a[0] for n, p, a, o in calls if p == (stack, "positions")]
+        np.testing.assert_array_equal(positions_input, out)  # dropped before positions
+    np.testing.assert_array_equal(
+        model.apply({"params": params}, tokens, tokens),
+        plain.apply({"params": params}, tokens, tokens),
+    )
+    with pytest.raises(ValueError, match="word_dropout_rate"):
+        TINY_CONFIG.replace(word_dropout_rate=1.0)

@@ -109,6 +109,27 @@ def test_optimizer_is_adam_with_the_papers_betas():
         np.testing.assert_allclose(updates["w"], expected, rtol=2e-5, err_msg=f"update {t}")
 
 
+def test_weight_decay_is_decoupled_and_skips_vectors():
+    """AdamW by hand: ``update = -rate * (adam_direction + weight_decay * param)`` on the
+    matrices; biases and LayerNorm parameters (vectors) get Adam's update alone."""
+    schedule = transformer_schedule(16, 10)
+    params = {"kernel": jnp.array([[1.0, -2.0], [3.0, 0.5]]), "bias": jnp.array([1.0, -4.0])}
+    grads = {"kernel": jnp.array([[0.5, -1.0], [2.0, 0.0]]), "bias": jnp.array([3.0, 0.0])}
+    tx = transformer_optimizer(schedule, weight_decay=0.1)
+    updates, _ = tx.update(grads, tx.init(params), params)
+    rate = paper_lr(1, d_model=16, warmup=10)
+    adam = {k: np.sign(np.asarray(g)) for k, g in grads.items()}  # step 1: g / |g|
+    np.testing.assert_allclose(
+        updates["kernel"], -rate * (adam["kernel"] + 0.1 * np.asarray(params["kernel"])), rtol=1e-5
+    )
+    np.testing.assert_allclose(updates["bias"], -rate * adam["bias"], rtol=1e-5)
+    adam_tx = transformer_optimizer(schedule)
+    plain, _ = adam_tx.update(grads, adam_tx.init(params), params)
+    assert not np.allclose(plain["kernel"], updates["kernel"])
+    with pytest.raises(ValueError, match="train.weight_decay"):
+        transformer_optimizer(schedule, weight_decay=-0.1)
+
+
 def test_apply_gradients_reports_the_norm_of_the_per_token_gradient():
     params = {"w": jnp.array([1.0, -2.0]), "b": jnp.array([[0.5]])}
     summed = {"w": jnp.array([3.0, 4.0]), "b": jnp.array([[12.0]])}  # norm 13 over 4 tokens

@@ -58,6 +58,7 @@ class TransformerConfig:
     num_decoder_layers: int = 6
     dropout_rate: float = 0.1  # P_drop: sub-layer outputs and embeddings + positions (§5.4)
     attention_dropout_rate: float = 0.0  # not in the paper; tensor2tensor used 0.1 later
+    word_dropout_rate: float = 0.0  # not in the paper: whole input tokens' embeddings zeroed
     max_len: int = 512
     positional: str = "sinusoidal"
     norm: str = "post"
@@ -88,7 +89,7 @@ class TransformerConfig:
                 f"d_model={self.d_model} must be divisible by num_heads={self.num_heads} "
                 "unless qk_dim and v_dim are both set"
             )
-        for name in ("dropout_rate", "attention_dropout_rate"):
+        for name in ("dropout_rate", "attention_dropout_rate", "word_dropout_rate"):
             rate = getattr(self, name)
             if not 0.0 <= rate < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {rate!r}")

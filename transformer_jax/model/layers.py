@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 
 from transformer_jax import kernels
 from transformer_jax.model.attention import MultiHeadAttention
@@ -28,16 +29,23 @@ def layer_norm(config: TransformerConfig, name: str | None = None) -> nn.LayerNo
 
 class Dropout(nn.Module):
     """Dropout (§5.4) with a key from the ``'dropout'`` RNG stream, like ``nn.Dropout``;
-    ``kernels``: the kernel set that draws the bits (:mod:`transformer_jax.kernels`)."""
+    ``kernels``: the kernel set that draws the bits (:mod:`transformer_jax.kernels`).
+    ``whole_vectors``: one draw per vector of the last axis, which is zeroed or scaled whole
+    (word dropout on embeddings)."""
 
     rate: float
     kernels: str = "xla"
+    whole_vectors: bool = False
 
     @nn.compact
     def __call__(self, x: Array, deterministic: bool) -> Array:
         if deterministic or self.rate == 0.0:
             return x
-        return kernels.ops(self.kernels).dropout(x, self.rate, self.make_rng("dropout"))
+        dropout = kernels.ops(self.kernels).dropout
+        rng = self.make_rng("dropout")
+        if self.whole_vectors:
+            return x * dropout(jnp.ones((*x.shape[:-1], 1), x.dtype), self.rate, rng)
+        return dropout(x, self.rate, rng)
 
 
 class FeedForward(nn.Module):

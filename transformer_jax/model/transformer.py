@@ -47,6 +47,17 @@ def _check_tokens(name: str, tokens: Array) -> None:
         raise ValueError(f"{name} must hold integer token ids, got dtype {tokens.dtype}")
 
 
+def word_dropout(cfg: TransformerConfig, embedded: Array, deterministic: bool) -> Array:
+    """Zero each token's embedding with probability ``cfg.word_dropout_rate`` and scale the
+    kept ones by ``1 / (1 - rate)``, before positions are added: the word dropout of Sennrich &
+    Zhang (2019) and Gal & Ghahramani (2016); not in the paper."""
+    if cfg.word_dropout_rate == 0.0:
+        return embedded
+    return Dropout(cfg.word_dropout_rate, cfg.kernel_set, whole_vectors=True, name="word_dropout")(
+        embedded, deterministic
+    )
+
+
 class Encoder(nn.Module):
     """Embedding * sqrt(d_model) + positions, dropout, N encoder layers (§3.1)."""
 
@@ -66,7 +77,7 @@ class Encoder(nn.Module):
         embed = self.embed or _embed(cfg, cfg.src_vocab, "embed")
         x = AddPositions(
             cfg.max_len, cfg.positional, param_dtype=cfg.param_dtype, name="positions"
-        )(embed(src), positions)
+        )(word_dropout(cfg, embed(src), deterministic), positions)
         x = Dropout(cfg.dropout_rate, cfg.kernel_set)(x, deterministic)
         mask = encoder_mask(src, cfg.pad_id, segments)
         x = layer_stack(
@@ -112,7 +123,7 @@ class Decoder(nn.Module):
             decode=cfg.decode,
             param_dtype=cfg.param_dtype,
             name="positions",
-        )(embed(tgt_in), tgt_positions)
+        )(word_dropout(cfg, embed(tgt_in), deterministic), tgt_positions)
         x = Dropout(cfg.dropout_rate, cfg.kernel_set)(x, deterministic)
 
         if cfg.decode:  # the cache supplies causality; one real position per call

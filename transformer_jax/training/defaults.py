@@ -57,6 +57,7 @@ def default_config() -> ml_collections.ConfigDict:
     config.train.adam_b1 = 0.9
     config.train.adam_b2 = 0.98
     config.train.adam_eps = 1e-9
+    config.train.weight_decay = 0.0  # > 0: AdamW's decoupled decay of the matrices (not in paper)
     config.train.label_smoothing = 0.1
     config.train.label_smoothing_convention = "t2t"  # eps/(V-1) elsewhere; 'uniform': eps/V
     config.train.grad_accum_steps = 1

@@ -1,8 +1,11 @@
-"""Adam with the paper's warmup / inverse-square-root learning rate (§5.3, equation 3), and
-an optional linear decay to zero over a run's last steps."""
+"""Adam with the paper's warmup / inverse-square-root learning rate (§5.3, equation 3), an
+optional linear decay to zero over a run's last steps, and optional decoupled weight decay."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import jax
 import jax.numpy as jnp
 import optax
 
@@ -53,8 +56,26 @@ def with_cooldown(schedule: optax.Schedule, num_steps: int, cooldown_steps: int)
     return cooled
 
 
+def is_matrix(params: Any) -> Any:
+    """True for each parameter with two or more axes: the weight matrices and embeddings,
+    not the biases or LayerNorm's scales and offsets."""
+    return jax.tree.map(lambda p: jnp.ndim(p) >= 2, params)
+
+
 def transformer_optimizer(
-    schedule: optax.Schedule, b1: float = 0.9, b2: float = 0.98, eps: float = 1e-9
+    schedule: optax.Schedule,
+    b1: float = 0.9,
+    b2: float = 0.98,
+    eps: float = 1e-9,
+    weight_decay: float = 0.0,
 ) -> optax.GradientTransformation:
-    """Adam(beta1 = 0.9, beta2 = 0.98, epsilon = 1e-9) driven by ``schedule`` (§5.3)."""
-    return optax.adam(schedule, b1=b1, b2=b2, eps=eps)
+    """Adam(beta1 = 0.9, beta2 = 0.98, epsilon = 1e-9) driven by ``schedule`` (§5.3).
+
+    ``weight_decay > 0`` (not in the paper): AdamW's decoupled decay (Loshchilov & Hutter
+    2019), ``param -= rate(step) * weight_decay * param`` on the matrices (:func:`is_matrix`).
+    """
+    if weight_decay < 0:
+        raise ValueError(f"train.weight_decay must be >= 0, got {weight_decay}")
+    if weight_decay == 0:
+        return optax.adam(schedule, b1=b1, b2=b2, eps=eps)
+    return optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=is_matrix)

@@ -127,6 +127,7 @@ def init_state(model_config: TransformerConfig, config: ml_collections.ConfigDic
         config.train.adam_b1,
         config.train.adam_b2,
         config.train.adam_eps,
+        config.train.weight_decay,
     )
     return jax.device_get(create_train_state(params, tx, dropout_key))
 

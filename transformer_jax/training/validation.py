@@ -64,6 +64,7 @@ def validate_config(config: ml_collections.ConfigDict) -> TransformerConfig:
     _float(config, "train", "adam_b1", -1e-12, 1.0)
     _float(config, "train", "adam_b2", -1e-12, 1.0)
     _float(config, "train", "adam_eps", 0.0)
+    _float(config, "train", "weight_decay", -1e-12)
     _float(config, "train", "label_smoothing", -1e-12, 1.0)
     check_convention(config.train.label_smoothing_convention, "train.label_smoothing_convention")
     check_kind(config.train.parallel)
