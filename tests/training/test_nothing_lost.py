@@ -27,7 +27,7 @@ from transformer_jax.cli.average import average_checkpoints
 from transformer_jax.data import pipeline, sources
 from transformer_jax.data.synthetic import synthetic_pairs
 from transformer_jax.data.tokenizer import load_tokenizer
-from transformer_jax.training import checkpoints, loop
+from transformer_jax.training import checkpoints, loop, run
 from transformer_jax.training.logs import read_metrics
 from transformer_jax.training.run import CONFIG_HISTORY_FILE
 from transformer_jax.training.validation import validate_config
@@ -69,6 +69,30 @@ def test_a_config_change_is_refused_before_anything_is_written(trained, tmp_path
     with pytest.raises(ValueError, match=rf"model\.{field}: .* -> .*Nothing was changed"):
         loop.train_and_evaluate(config, workdir)
     assert snapshot(workdir) == before
+
+
+@pytest.mark.parametrize(
+    "field, value", [("train.weight_decay", 0.1), ("model.word_dropout_rate", 0.1)]
+)
+def test_a_field_the_saved_config_lacks_counts_as_its_default(trained, tmp_path, field, value):
+    """A run saved before a field existed resumes with the field at its default, and is
+    refused with any other value (the optimizer state would not even match)."""
+    config, original = trained
+    workdir = str(tmp_path / "run")
+    shutil.copytree(original, workdir)
+    section, name = field.split(".")
+    path = os.path.join(workdir, "config.json")
+    saved = json.load(open(path))
+    del saved[section][name]
+    with open(path, "w") as f:
+        json.dump(saved, f)
+    before = snapshot(workdir)
+    changed = config.copy_and_resolve_references()
+    changed[section][name] = value
+    with pytest.raises(ValueError, match=rf"{field}: 0\.0 -> 0\.1.*Nothing was changed"):
+        loop.train_and_evaluate(changed, workdir)
+    assert snapshot(workdir) == before
+    assert run.check_resumable(config, workdir) == saved
 
 
 def test_a_resumable_change_is_recorded_and_config_json_follows(trained, tmp_path):

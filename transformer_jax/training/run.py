@@ -17,6 +17,7 @@ from transformer_jax import data as data_lib
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.training import checkpoints
+from transformer_jax.training.defaults import default_config
 from transformer_jax.training.distributed import from_process_zero
 from transformer_jax.training.optimizer import (
     transformer_optimizer,
@@ -57,8 +58,10 @@ def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def config_changes(saved: dict[str, Any], config: ml_collections.ConfigDict) -> dict[str, tuple]:
-    """``{field: (saved value, new value)}`` of the fields both configs have and that differ."""
-    old, new = _flat(saved), _flat(json.loads(config.to_json()))
+    """``{field: (saved value, new value)}`` of the fields that differ; a field the saved
+    config lacks (saved before the field existed) counts as its default."""
+    defaults = _flat(json.loads(default_config().to_json()))
+    old, new = defaults | _flat(saved), _flat(json.loads(config.to_json()))
     return {k: (old[k], new[k]) for k in new if k in old and old[k] != new[k]}
 
 
