@@ -8,8 +8,8 @@ The paper's architecture and training (post-LN, sinusoidal positions, shared and
 embeddings, label smoothing 0.1, Adam(0.9, 0.98, 1e-9) with the warmup schedule) at the
 size of the PyTorch baseline's small model (with ``:60``, a smaller and deeper one), tuned
 on ``val`` for 29,000 short captions and 30 or 60 minutes of two CPU cores (``:60x2``: each of
-two models trained side by side for 60 minutes, one core each, decoded as an ensemble); each
-line below says why it differs from the base setting.
+two models trained side by side for 60 minutes, one core each, with weight decay, decoded as an
+ensemble); each line below says why it differs from the base setting.
 Results and the settings tried: ``benchmarks/README.md``.
 """
 
@@ -82,4 +82,8 @@ def get_config(budget: str = "30"):
         # scale 2.5 or 3.0, and than warmup 1,000 with scale 1.25
         config.train.warmup_steps = 1000
         config.train.learning_rate_scale = 1.77
+        # Not in the paper: AdamW's decoupled decay of the matrices. On val, 0.1 scored 0.7
+        # higher for each model alone (dev loss 1.51 against 1.56) and 0.1 higher as the
+        # ensemble; 0.3 lower than 0.1
+        config.train.weight_decay = 0.1
     return config

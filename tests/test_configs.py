@@ -59,12 +59,14 @@ def test_multi30k_takes_the_budget_it_was_tuned_for(tmp_path):
 
 def test_multi30k_ensemble_members_take_60s_model_with_their_own_schedule():
     """``:60x2`` (each of two models on one core for 60 minutes): ``:60`` with warmup 1,000 at
-    scale 1.77, the same peak rate reached sooner."""
+    scale 1.77, the same peak rate reached sooner, and weight decay 0.1."""
     single, member = load("multi30k", "60"), load("multi30k", "60x2")
     assert (member.train.warmup_steps, member.train.learning_rate_scale) == (1000, 1.77)
+    assert (member.train.weight_decay, single.train.weight_decay) == (0.1, 0.0)
     peak = lambda c: c.train.learning_rate_scale * c.train.warmup_steps**-0.5  # noqa: E731
     assert peak(member) == pytest.approx(peak(single), rel=2e-3)
     member.train.warmup_steps, member.train.learning_rate_scale = 2000, 2.5
+    member.train.weight_decay = 0.0
     assert member.to_dict() == single.to_dict()
 
 
