@@ -1,5 +1,6 @@
 """Data parallelism: 1 and 4 devices, pmap and shard_map, and gradient accumulation give the
-same losses for the same global batch (run on 4 simulated CPU devices in a subprocess)."""
+same losses for the same global batch, with Adam and with AdamW's weight decay (run on 4
+simulated CPU devices in a subprocess)."""
 
 import json
 import os
@@ -39,12 +40,15 @@ SCRIPT = textwrap.dedent(
 
     batches = [batch() for _ in range(3)]
     params = model.init(jax.random.PRNGKey(0), batches[0]["src"], batches[0]["tgt_in"])["params"]
-    tx = optimizer.transformer_optimizer(optimizer.transformer_schedule(32, 3))
-    initial = jax.device_get(steps.create_train_state(params, tx, jax.random.PRNGKey(1)))
+    schedule = optimizer.transformer_schedule(32, 3)
 
-    def run(kind, n, accum=False, evaluate=False):
+    def initial(weight_decay):
+        tx = optimizer.transformer_optimizer(schedule, weight_decay=weight_decay)
+        return jax.device_get(steps.create_train_state(params, tx, jax.random.PRNGKey(1)))
+
+    def run(kind, n, accum=False, evaluate=False, weight_decay=0.0):
         dp = parallel.DataParallel(kind, model, 0.1, devices=jax.devices()[:n])
-        state, losses = dp.replicate(initial), []
+        state, losses = dp.replicate(initial(weight_decay)), []
         for b in batches:
             if not accum:
                 state, m = dp.train_step(state, b)
@@ -65,6 +69,8 @@ SCRIPT = textwrap.dedent(
     out = {
         "pmap1": run("pmap", 1, evaluate=True), "pmap4": run("pmap", 4),
         "shard4": run("shard_map", 4, evaluate=True), "accum_shard4": run("shard_map", 4, True),
+        "adamw_pmap1": run("pmap", 1, weight_decay=0.5),
+        "adamw_shard4": run("shard_map", 4, weight_decay=0.5),
         "distinct_device_keys": len({tuple(k) for k in np.asarray(keys).tolist()}),
     }
     print("RESULT" + json.dumps(out))
@@ -98,6 +104,14 @@ def test_devices_and_parallel_kinds_agree(results, name):
 
 def test_gradient_accumulation_equals_one_step_on_the_whole_batch(results):
     np.testing.assert_allclose(results["accum_shard4"], results["pmap1"][:3], rtol=2e-5, atol=1e-6)
+
+
+def test_weight_decay_is_the_same_on_one_and_four_devices(results):
+    np.testing.assert_allclose(
+        results["adamw_shard4"], results["adamw_pmap1"], rtol=2e-5, atol=1e-6
+    )
+    assert results["adamw_pmap1"][0] == results["pmap1"][0]  # the first loss precedes any update
+    assert abs(results["adamw_pmap1"][-1] - results["pmap1"][2]) > 1e-4
 
 
 def test_each_device_gets_its_own_dropout_key(results):
