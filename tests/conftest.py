@@ -112,6 +112,9 @@ HEAVY_RUN_BY_CI = {
     "tests/training/test_parallel.py::test_each_device_gets_its_own_dropout_key": (
         "the same subprocess"
     ),
+    "tests/training/test_parallel.py::test_weight_decay_is_the_same_on_one_and_four_devices": (
+        "the same subprocess"
+    ),
     "tests/inference/test_search.py::test_decoder_only_model_decodes_over_its_cache": (
         "eager greedy, cached and beam decoding of a decoder-only model"
     ),
