@@ -4,7 +4,9 @@ Checks of the scripts' own machinery (HLO parsing, MFU arithmetic, settings) are
 ``benchmark_internals`` and run with ``python -m pytest -m benchmark_internals``.
 """
 
+import ast
 import dataclasses
+import glob
 import importlib.util
 import json
 import os
@@ -25,7 +27,7 @@ def _restore_xla_flags(monkeypatch):
 
 
 def _script(name: str):
-    """Import ``benchmarks/{name}.py`` once (the scripts import their helper ``_common``)."""
+    """Import ``benchmarks/{name}.py`` once (the scripts import their helpers: ``_common``, ...)."""
     module_name = f"benchmark_{name}"
     if module_name in sys.modules:
         return sys.modules[module_name]
@@ -36,6 +38,22 @@ def _script(name: str):
     sys.modules[module_name] = module  # dataclasses look their module up while defining
     spec.loader.exec_module(module)
     return module
+
+
+def test_benchmark_modules_and_functions_stay_small():
+    """No module in benchmarks/ over 400 lines, no function over 80 (decorators excluded)."""
+    too_long = []
+    for path in sorted(glob.glob(f"{BENCHMARKS}/*.py")):
+        with open(path) as f:
+            text = f.read()
+        name = os.path.basename(path)
+        if (lines := len(text.splitlines())) > 400:
+            too_long.append(f"{name}: {lines} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                if (lines := node.end_lineno - node.lineno + 1) > 80:
+                    too_long.append(f"{name}:{node.lineno} {node.name}: {lines} lines")
+    assert not too_long
 
 
 def test_train_throughput_smoke(tmp_path):
@@ -169,7 +187,7 @@ def test_quality_smoke(tmp_path):
 @pytest.mark.benchmark_internals
 def test_quality_dev_metrics_equal_the_training_loops_final_evaluation(tmp_path):
     """What quality.py reports for a checkpoint on the dev split is what train.py measured."""
-    quality = _script("quality")  # its helper puts the repository root (configs/) on sys.path
+    scores = _script("_quality_scores")  # _common puts the repository root on sys.path
     from configs.tiny import get_config
     from transformer_jax.cli.common import load
     from transformer_jax.training.loop import train_and_evaluate
@@ -181,7 +199,7 @@ def test_quality_dev_metrics_equal_the_training_loops_final_evaluation(tmp_path)
     config.data.update(tokens_per_batch=256, tokenizer_train_sentences=2000)
     config.train.update(num_steps=3, warmup_steps=2, eval_sentences=0, final_test=False)
     result = train_and_evaluate(config, str(tmp_path))
-    dev = quality.dev_metrics(*load(str(tmp_path), "latest"), str(tmp_path))
+    dev = scores.dev_metrics(*load(str(tmp_path), "latest"), str(tmp_path))
     assert result["complete"] and result["eval_loss"] > 0
     for name in ("loss", "perplexity", "accuracy"):
         assert dev[name] == pytest.approx(result[f"eval_{name}"], rel=1e-5)
@@ -221,8 +239,8 @@ print({output!r})
 
 
 def test_quality_parses_the_baselines_output():
-    quality = _script("quality")
-    result = quality.parse_torch_output(TORCH_OUTPUT)
+    baseline = _script("_quality_baseline")
+    result = baseline.parse_torch_output(TORCH_OUTPUT)
     assert result["bleu"] == {1: 34.12, 4: 35.40}
     assert result["signature"] == "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0"
     assert (result["steps"], result["epochs"], result["train_s"]) == (881, 7.47, 1801)
@@ -230,9 +248,9 @@ def test_quality_parses_the_baselines_output():
     assert (result["dev_cross_entropy"], result["dev_nll"]) == (2.345, 1.678)
     assert (result["vocab_size"], result["train_pairs"]) == (8000, 29000)
     with pytest.raises(ValueError, match="TRAINING DONE"):
-        quality.parse_torch_output(TORCH_OUTPUT.replace("TRAINING DONE", "training done"))
+        baseline.parse_torch_output(TORCH_OUTPUT.replace("TRAINING DONE", "training done"))
     with pytest.raises(ValueError, match="TEST2016"):
-        quality.parse_torch_output(TORCH_OUTPUT.split("19:33:40")[0])
+        baseline.parse_torch_output(TORCH_OUTPUT.split("19:33:40")[0])
 
 
 def test_quality_reads_the_runs_files(tmp_path):
@@ -241,7 +259,7 @@ def test_quality_reads_the_runs_files(tmp_path):
     write_run_info(str(tmp_path), {"batches_per_epoch": 50, "target_tokens_per_epoch": 20_000})
     records = [{"step": s, "loss": 1.0, "tokens_per_sec": 100.0 * s} for s in (10, 20, 30, 40)]
     (tmp_path / METRICS_FILE).write_text("".join(json.dumps(r) + "\n" for r in records))
-    summary = _script("quality").run_summary(str(tmp_path), step=75, train_wall_s=60.0)
+    summary = _script("_quality_scores").run_summary(str(tmp_path), step=75, train_wall_s=60.0)
     assert summary["run_info"]["batches_per_epoch"] == 50 and summary["epochs"] == 1.5
     assert summary["target_tokens_per_sec"] == 1.5 * 20_000 / 60.0
     assert summary["median_tokens_per_sec"] == 3000.0  # of the records after the first
@@ -249,23 +267,23 @@ def test_quality_reads_the_runs_files(tmp_path):
 
 def test_quality_clock_starts_with_the_process_or_when_the_loop_writes_its_file(tmp_path):
     """``--clock loop``: the budget counts from when ``run_info.json`` appears."""
-    quality = _script("quality")
+    budget = _script("_quality_budget")
     child = (  # writes argv[1] after argv[2] seconds; on SIGTERM exits as train.py does
         "import signal, sys, time\n"
-        f"signal.signal(signal.SIGTERM, lambda *_: sys.exit({quality.EXIT_PREEMPTED}))\n"
+        f"signal.signal(signal.SIGTERM, lambda *_: sys.exit({budget.EXIT_PREEMPTED}))\n"
         "time.sleep(float(sys.argv[2]))\n"
         "open(sys.argv[1], 'w').close()\n"
         "time.sleep(60)\n"
     )
     started = tmp_path / "started"
     command = [sys.executable, "-c", child, str(started)]
-    loop = quality.train_within_budget(
+    loop = budget.train_within_budget(
         [*command, "1"], [0.01], str(tmp_path / "a.log"), str(started)
     )
     assert loop["stopped_by_budget"] and loop["setup_s"] >= 1.0
     assert 0.6 <= loop["train_wall_s"] < 5.0
     started.unlink()
-    process = quality.train_within_budget([*command, "30"], [0.04], str(tmp_path / "b.log"))
+    process = budget.train_within_budget([*command, "30"], [0.04], str(tmp_path / "b.log"))
     assert process["stopped_by_budget"] and process["setup_s"] == 0.0
     assert 2.4 <= process["train_wall_s"] < 6.0 and not started.exists()  # stopped before it
 
@@ -273,10 +291,10 @@ def test_quality_clock_starts_with_the_process_or_when_the_loop_writes_its_file(
 def test_quality_side_by_side_runs_have_their_own_clocks_and_cores(tmp_path):
     """``--ensemble``: each process starts its clock when its own file appears, gets the
     signal at its own mark, and runs on the cores it was given."""
-    quality = _script("quality")
+    budget = _script("_quality_budget")
     child = (  # records its cores, writes argv[1] after argv[2] s, exits as train.py on SIGTERM
         "import os, signal, sys, time\n"
-        f"signal.signal(signal.SIGTERM, lambda *_: sys.exit({quality.EXIT_PREEMPTED}))\n"
+        f"signal.signal(signal.SIGTERM, lambda *_: sys.exit({budget.EXIT_PREEMPTED}))\n"
         "print(sorted(os.sched_getaffinity(0)), flush=True)\n"
         "time.sleep(float(sys.argv[2]))\n"
         "open(sys.argv[1], 'w').close()\n"
@@ -288,7 +306,7 @@ def test_quality_side_by_side_runs_have_their_own_clocks_and_cores(tmp_path):
     logs = [str(tmp_path / "a.log"), str(tmp_path / "b.log")]
     cores = sorted(os.sched_getaffinity(0))
     cpus = [{cores[0]}, {cores[-1]}]
-    first, second = quality.train_side_by_side(commands, [0.01], logs, clocks, cpus)
+    first, second = budget.train_side_by_side(commands, [0.01], logs, clocks, cpus)
     assert first["stopped_by_budget"] and second["stopped_by_budget"]
     assert second["setup_s"] - first["setup_s"] >= 1.0  # each clock began with its own file
     assert all(0.6 <= t["train_wall_s"] < 5.0 for t in (first, second))
@@ -299,11 +317,11 @@ def test_quality_side_by_side_runs_have_their_own_clocks_and_cores(tmp_path):
 def test_quality_ensemble_members_share_the_cores_and_the_headline_is_the_ensemble(
     monkeypatch,
 ):
-    quality = _script("quality")
-    monkeypatch.setattr(quality.os, "sched_getaffinity", lambda _: {0, 1, 2, 3, 5})
-    assert quality.member_cpus(2) == [{0, 1}, {2, 3}]
+    budget, vs_torch = _script("_quality_budget"), _script("_quality_baseline")
+    monkeypatch.setattr(budget.os, "sched_getaffinity", lambda _: {0, 1, 2, 3, 5})
+    assert budget.member_cpus(2) == [{0, 1}, {2, 3}]
     with pytest.raises(ValueError, match="--ensemble 6 needs a core per model"):
-        quality.member_cpus(6)
+        budget.member_cpus(6)
     row = lambda model, checkpoint, score: {  # noqa: E731
         "model": model, "checkpoint": checkpoint, "beam": 4, "bleu": score, "dev_nll": 1.5,
         "dev_cross_entropy": 2.5,
@@ -318,13 +336,13 @@ def test_quality_ensemble_members_share_the_cores_and_the_headline_is_the_ensemb
     }
     baseline = {"bleu": {4: 37.0}, "steps": 1700, "epochs": 14.0, "train_s": 3600}
     baseline.update(target_tokens_per_sec=5000, dev_nll=1.9, dev_cross_entropy=2.9)
-    rows = {r["measure"]: r for r in quality.compare(project, baseline)}
+    rows = {r["measure"]: r for r in vs_torch.compare(project, baseline)}
     assert rows["test BLEU, beam 4"]["project"] == 41.0
     assert rows["test BLEU, beam 4"]["difference"] == 4.0
 
 
 def test_quality_ensemble_dev_metrics_are_the_members_mean_at_that_checkpoint():
-    quality = _script("quality")
+    scores = _script("_quality_scores")
     row = lambda model, checkpoint, beam, nll: {  # noqa: E731
         "model": model, "checkpoint": checkpoint, "beam": beam, "bleu": 30.0, "dev_nll": nll,
         "dev_accuracy": nll / 10,
@@ -338,8 +356,8 @@ def test_quality_ensemble_dev_metrics_are_the_members_mean_at_that_checkpoint():
         row("member 1", "latest", 4, 3.0),
         row("member 1", "averaged", 4, 5.0),
     ]
-    assert quality.members_dev(rows, "latest") == pytest.approx({"nll": 2.0, "accuracy": 0.2})
-    assert quality.members_dev(rows, "averaged") == pytest.approx({"nll": 3.5, "accuracy": 0.35})
+    assert scores.members_dev(rows, "latest") == pytest.approx({"nll": 2.0, "accuracy": 0.2})
+    assert scores.members_dev(rows, "averaged") == pytest.approx({"nll": 3.5, "accuracy": 0.35})
 
 
 def test_quality_vs_torch_refuses_in_one_line_before_anything_runs(tmp_path, monkeypatch):
@@ -415,11 +433,11 @@ def test_quality_vs_torch_with_a_stand_in_baseline(tmp_path, monkeypatch, capsys
 
 
 def test_quality_budget_marks():
-    quality = _script("quality")
-    assert quality.parse_marks("30,60") == [30.0, 60.0] and quality.parse_marks("0.5") == [0.5]
+    budget = _script("_quality_budget")
+    assert budget.parse_marks("30,60") == [30.0, 60.0] and budget.parse_marks("0.5") == [0.5]
     for bad in ("0", "60,30", "30,30", "thirty"):
         with pytest.raises(ValueError, match="--minutes"):
-            quality.parse_marks(bad)
+            budget.parse_marks(bad)
 
 
 def test_quality_ensemble_refuses_several_budgets(tmp_path):
