@@ -40,7 +40,7 @@ the CPU cores, then decodes them together (the mean of their next-token probabil
     python benchmarks/quality.py --minutes 30 --data-dir DIR --src-lang en --tgt-lang fr
 
 The data: ``--data-dir`` (default ``data/multi30k`` in the clone, written by ``python -m
-transformer_jax.data.download multi30k --dest data/multi30k``).
+transformer_jax.download multi30k --dest data/multi30k``).
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ from transformer_jax.training.checkpoints import SNAPSHOT_DIR, list_steps
 from transformer_jax.training.logs import RUN_INFO_FILE
 
 DEFAULT_DATA = os.path.join(ROOT, "data", "multi30k")
-DOWNLOAD = "python -m transformer_jax.data.download multi30k --dest data/multi30k"
+DOWNLOAD = "python -m transformer_jax.download multi30k --dest data/multi30k"
 DEFAULT_CONFIG = os.path.join(ROOT, "configs", "multi30k.py")
 SMOKE_OVERRIDES = {  # a model and run small enough for a test
     "model.vocab_size": 300,

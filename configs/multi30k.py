@@ -1,6 +1,7 @@
 """Multi30k English->German on two CPU cores: the time-to-BLEU setting of ``benchmarks/quality.py``.
 
-    python train.py --config configs/multi30k.py --config.data.text_dir=../shared/data/multi30k
+    python -m transformer_jax.download multi30k --dest data/multi30k   # once: the data
+    python train.py --config configs/multi30k.py
     python train.py --config configs/multi30k.py:60   # the settings tuned for 60 minutes
     python benchmarks/quality.py --config configs/multi30k.py:60x2 --ensemble 2 --minutes 60
 
@@ -37,7 +38,7 @@ def get_config(budget: str = "30"):
     config.model.max_len = 128  # positions for the longest caption plus decoding's extra 50
 
     config.data.source = "text"
-    config.data.text_dir = "../shared/data/multi30k"
+    config.data.text_dir = "data/multi30k"  # in the clone: python -m transformer_jax.download
     config.data.src_lang = "en"
     config.data.tgt_lang = "de"
     config.data.train_split = "train"

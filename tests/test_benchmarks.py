@@ -477,6 +477,15 @@ def test_quality_ensemble_smoke(tmp_path):
     assert ensemble["dev_nll"] == pytest.approx(sum(r["dev_nll"] for r in alone) / 2)
 
 
+def test_quality_reads_multi30k_from_the_clone_by_default(tmp_path, monkeypatch):
+    quality = _script("quality")
+    assert quality.DEFAULT_DATA == os.path.join(str(ROOT), "data", "multi30k")
+    monkeypatch.setattr(quality, "DEFAULT_DATA", str(tmp_path / "absent"))
+    command = "python -m transformer_jax.download multi30k --dest data/multi30k"
+    with pytest.raises(ValueError, match=f"not a directory .*{command}"):
+        quality.main(["--minutes", "1", "--workdir", str(tmp_path / "run")])
+
+
 def test_quality_refuses_a_used_workdir(tmp_path):
     data = tmp_path / "text"
     data.mkdir()

@@ -28,6 +28,20 @@ def test_config_file_is_valid(name, tmp_path):
     assert model.vocab_size == config.model.vocab_size
 
 
+@pytest.mark.parametrize("name", sorted(f[:-3] for f in os.listdir(CONFIGS) if f.endswith(".py")))
+def test_config_data_paths_stay_inside_the_clone(name):
+    data = load(name).data
+    for path in (data.text_dir, data.tfds_data_dir):
+        assert not os.path.isabs(path) and ".." not in path.split("/"), path
+
+
+def test_multi30k_without_its_data_names_the_download_command(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a clone without data/multi30k
+    command = "python -m transformer_jax.download multi30k --dest data/multi30k"
+    with pytest.raises(ValueError, match=f"^data.text_dir='data/multi30k' .*{command}"):
+        validate_config(load("multi30k"))
+
+
 def test_base_and_big_are_the_papers_table_3_models():
     base, big = validate_config(load("base")), validate_config(load("big"))
     assert base == TransformerConfig()  # d_model 512, h 8, d_ff 2048, N 6, P_drop 0.1

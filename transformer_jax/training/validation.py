@@ -75,7 +75,10 @@ def validate_config(config: ml_collections.ConfigDict) -> TransformerConfig:
     if data.source == "text" and not data.text_dir:
         raise ValueError("data.text_dir must be set for data.source='text'")
     if data.source == "text" and not os.path.isdir(data.text_dir):
-        raise ValueError(f"data.text_dir={data.text_dir!r} is not a directory")
+        raise ValueError(
+            f"data.text_dir={data.text_dir!r} is not a directory (Multi30k: python -m "
+            f"transformer_jax.download multi30k --dest {data.text_dir})"
+        )
     for name in ("max_len", "tokens_per_batch"):
         _int(config, "data", name, 1)
     if data.tokens_per_batch < data.max_len:
