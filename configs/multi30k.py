@@ -11,7 +11,7 @@ size of the PyTorch baseline's small model (with ``:60``, a smaller and deeper o
 on ``val`` for 29,000 short captions and 30 or 60 minutes of two CPU cores (``:60x2``: each of
 two models trained side by side for 60 minutes, one core each, with weight decay, decoded as an
 ensemble); each line below says why it differs from the base setting.
-Results and the settings tried: ``benchmarks/README.md``.
+Results: ``benchmarks/README.md``; the settings tried: ``python benchmarks/tables.py --notes``.
 """
 
 from transformer_jax.kernels import fast_matmul_precision

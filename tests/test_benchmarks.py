@@ -558,3 +558,58 @@ def test_train_throughput_dot_floor_smoke():
     assert floor["step_vs_floor"] == pytest.approx(row["step_s"]["median"] / floor["seconds"])
     assert "torch_step_vs_floor" not in floor  # no torch row
     assert sum(d["count"] for d in floor["dots"]) > 0
+
+
+def test_every_results_record_parses_and_has_the_required_keys(capsys):
+    tables = _script("tables")
+    records = tables.load_records()
+    assert records and all(not tables.problems(r, name) for name, r in records.items())
+    assert tables.main(["--check"]) == 0
+    assert f"{len(records)} records" in capsys.readouterr().out
+
+
+def test_a_records_problems_are_named(tmp_path):
+    tables = _script("tables")
+    good = json.loads(open(f"{BENCHMARKS}/results/attention-full.json").read())
+    assert tables.problems(good, "a.json") == []
+    cases = {
+        "b.json": ({k: v for k, v in good.items() if k != "machine"}, "no 'machine'"),
+        "c.json": ({**good, "date": "6 Dec 2026"}, "not YYYY-MM-DD"),
+        "d.json": ({**good, "benchmark": "nonesuch"}, "no script benchmarks/nonesuch.py"),
+        "e.json": ({**good, "rows": [[1, 2]]}, "row 0 does not have 7 cells"),
+        "f.json": ({**good, "current": "yes"}, "'current' is str"),
+    }
+    for name, (record, problem) in cases.items():
+        (tmp_path / name).write_text(json.dumps(record))
+        assert problem in " ".join(tables.problems(record, name))
+    (tmp_path / "g.json").write_text("{")
+    with pytest.raises(ValueError, match=r"b\.json: no 'machine'.*g\.json: not JSON"):
+        tables.load_records(str(tmp_path))
+
+
+def test_a_record_renders_as_its_caption_and_markdown_table():
+    record = {
+        "benchmark": "attention", "title": "t", "date": "2026-12-06", "machine": "2 cores",
+        "versions": {"jax": "0.10.2", "torch": None}, "command": "python x.py", "config": None,
+        "current": True, "columns": ["run", "steps", "BLEU"], "context": [],
+        "rows": [["baseline", 1856, 36.5], ["project", 12345, "41.0 (+4.5)"], ["x", None, None]],
+    }  # fmt: skip
+    assert _script("tables").render(record) == (
+        "`python x.py`; 2 cores; 2026-12-06; jax 0.10.2:\n\n"
+        "| run | steps | BLEU |\n"
+        "|---|---:|---|\n"
+        "| baseline | 1,856 | 36.5 |\n"
+        "| project | 12,345 | 41.0 (+4.5) |\n"
+        "| x |  |  |"
+    )
+
+
+def test_the_benchmarks_readme_shows_each_current_table_within_200_lines():
+    tables = _script("tables")
+    with open(f"{BENCHMARKS}/README.md") as f:
+        readme = f.read()
+    assert len(readme.splitlines()) <= 200
+    current = [r for r in tables.load_records().values() if r["current"]]
+    assert {r["benchmark"] for r in current} >= {"train_throughput", "quality"}
+    missing = [r["title"] for r in current if tables.render(r) not in readme]
+    assert not missing, "python benchmarks/tables.py --current prints them"
