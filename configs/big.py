@@ -1,21 +1,5 @@
-"""The paper's big model on WMT14 English->German (Table 3, "big"; §6.1).
+"""``--config configs/big.py`` is ``--config big``: the package's config, re-exported."""
 
-On GPU it runs the paper's arithmetic: float32 with every matrix product at
-``Precision.HIGHEST`` (``model.matmul_precision='float32'``; the paper trained in float32
-on P100s). The usual fast GPU run is bfloat16 compute with cuDNN attention:
-``--config.model.dtype=bfloat16 --config.model.attention_impl=cudnn`` (``data.max_len``
-stays a multiple of 8); ``model.matmul_precision='tf32'`` keeps float32 storage with
-TF32 products.
-"""
+from transformer_jax.configs.big import get_config
 
-from transformer_jax.training.defaults import default_config
-
-
-def get_config():
-    config = default_config()
-    config.model.d_model = 1024
-    config.model.num_heads = 16
-    config.model.d_ff = 4096
-    config.model.dropout_rate = 0.3  # en-de big used P_drop = 0.3 (Table 3)
-    config.train.num_steps = 300_000  # 300k steps (§5.2)
-    return config
+__all__ = ["get_config"]

@@ -1,25 +1,37 @@
-"""Every file in ``configs/`` passes train.py's validation; base and big are the paper's."""
+"""Every packaged config (``transformer_jax/configs``) passes train.py's validation; base and
+big are the paper's; the clone's ``configs/`` files are the packaged ones."""
 
+import importlib
 import importlib.util
 import os
 
 import pytest
 from conftest import ROOT
 
+from transformer_jax.configs import NAMES
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.training.validation import validate_config
 
-CONFIGS = os.path.join(str(ROOT), "configs")
-
 
 def load(name, *args):
-    spec = importlib.util.spec_from_file_location(f"config_{name}", f"{CONFIGS}/{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config(*args)
+    return importlib.import_module(f"transformer_jax.configs.{name}").get_config(*args)
 
 
-@pytest.mark.parametrize("name", sorted(f[:-3] for f in os.listdir(CONFIGS) if f.endswith(".py")))
+def test_the_clones_config_files_re_export_the_packaged_ones():
+    """``--config configs/NAME.py`` and ``--config NAME``: one body per config, in the package."""
+    files = sorted(f[:-3] for f in os.listdir(ROOT / "configs") if f.endswith(".py"))
+    assert files == sorted(NAMES)
+    for name in NAMES:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "configs" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        assert (
+            module.get_config
+            is importlib.import_module(f"transformer_jax.configs.{name}").get_config
+        )
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_config_file_is_valid(name, tmp_path):
     config = load(name)
     if config.data.source == "text":  # the data directory is not part of the project
@@ -28,7 +40,7 @@ def test_config_file_is_valid(name, tmp_path):
     assert model.vocab_size == config.model.vocab_size
 
 
-@pytest.mark.parametrize("name", sorted(f[:-3] for f in os.listdir(CONFIGS) if f.endswith(".py")))
+@pytest.mark.parametrize("name", NAMES)
 def test_config_data_paths_stay_inside_the_clone(name):
     data = load(name).data
     for path in (data.text_dir, data.tfds_data_dir):
@@ -50,7 +62,7 @@ def test_base_and_big_are_the_papers_table_3_models():
 
 
 def test_multi30k_takes_the_budget_it_was_tuned_for(tmp_path):
-    """``configs/multi30k.py:60``: smaller, deeper, own dropout, schedule, alpha; the rest as 30."""
+    """``--config multi30k:60``: smaller, deeper, own dropout, schedule, alpha; the rest as 30."""
     short, thirty, long = load("multi30k"), load("multi30k", "30"), load("multi30k", "60")
     assert short.to_dict() == thirty.to_dict()
     long.data.text_dir = short.data.text_dir = str(tmp_path)  # not part of the project

@@ -2,7 +2,8 @@
 
 Every module under ``transformer_jax/`` (and ``train.py``) is parsed with ``ast``; an edge
 ``a -> b`` is an import of package module ``b`` anywhere in ``a`` (top level or in a function).
-Imports flow one way: kernels <- model <- data/training/inference <- cli (DESIGN.md's layout).
+Imports flow one way: kernels <- model <- data/training/inference <- configs <- cli
+(DESIGN.md's layout).
 """
 
 import ast
@@ -17,6 +18,7 @@ PACKAGE = "transformer_jax"
 # needed on one path (TensorBoard logs, TFDS sources, the PyTorch baseline).
 LAZY_IMPORTS_ALLOWED = {"tensorboardX", "tensorflow_datasets", "torch"}
 
+LIBRARY = ("kernels", "model", "data", "training", "inference", "analysis")
 # (importer prefix, imported prefix): the importer must not import that part of the package.
 FORBIDDEN = [
     ("transformer_jax.kernels", "transformer_jax.model"),
@@ -40,6 +42,8 @@ FORBIDDEN = [
     ("transformer_jax.inference", "transformer_jax.training.parallel"),
     ("transformer_jax.inference", "transformer_jax.training.optimizer"),
     ("transformer_jax.inference", "transformer_jax.training.loss"),
+    # The run configurations (built on training.defaults) are read by the commands only.
+    *((f"transformer_jax.{part}", "transformer_jax.configs") for part in LIBRARY),
 ]
 # Only the commands (and their ``python -m transformer_jax.<command>`` shims) import cli.
 CLI_SHIMS = {

@@ -1,15 +1,17 @@
-"""Train a Transformer: ``python train.py`` trains configs/tiny.py on the embedded data.
+"""Train a Transformer: ``python train.py`` trains the config ``tiny`` on the embedded data.
 
-    python train.py --config configs/base.py --workdir runs/base
-    python train.py --config configs/tiny.py --config.train.num_steps=500
+    python train.py --config base --workdir runs/base
+    python train.py --config tiny --config.train.num_steps=500
 
-(``python -m transformer_jax.train`` is the same command.) Any config field can be
-overridden with ``--config.<section>.<field>=value``; the workdir defaults to
-``runs/<config file name>``. Rerunning resumes from the last checkpoint. ``--multihost``
-starts one process of a run over several hosts (README, Multi-host):
+(``transformer-jax train`` and ``python -m transformer_jax.train`` are the same command.)
+``--config`` takes a packaged config's name (tiny, base, big, multi30k; ``multi30k:60``
+passes ``60`` to its ``get_config``) or a config file's path (``configs/base.py`` in a
+clone). Any config field can be overridden with ``--config.<section>.<field>=value``; the
+workdir defaults to ``runs/<config name>``. Rerunning resumes from the last checkpoint.
+``--multihost`` starts one process of a run over several hosts (README, Multi-host):
 ``--coordinator_address``, ``--num_processes`` and ``--process_id``, or what SLURM, Open MPI
 or Kubernetes tell JAX; each process trains on its share of every batch. The config fields
-and their defaults are in ``configs/tiny.py`` and ``transformer_jax/training/defaults.py``;
+and their defaults are in ``transformer_jax/configs/tiny.py`` and ``training/defaults.py``;
 a run's resolved config is ``{workdir}/config.json``.
 
 Exit codes: 0 trained and evaluated (or already complete); 1 an error, printed as one line
@@ -31,18 +33,14 @@ import ml_collections
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from transformer_jax.configs import NAMES, config_file
 from transformer_jax.kernels import configure_process
 from transformer_jax.training import distributed
 from transformer_jax.training.loop import train_and_evaluate
 
 EXIT_ERROR, EXIT_USAGE, EXIT_PREEMPTED, EXIT_INTERRUPTED = 1, 2, 75, 130
 _STOPPED = {"SIGTERM": EXIT_PREEMPTED, "SIGINT": EXIT_INTERRUPTED}
-# The repository's configs/, next to train.py (the package is installed editable).
-DEFAULT_CONFIG = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-    "configs",
-    "tiny.py",
-)
+DEFAULT_CONFIG = config_file("tiny")
 _HELP = {"-h", "--help", "--helpshort", "--helpfull", "-?"}
 FLAGS = flags.FLAGS
 
@@ -68,10 +66,12 @@ def _define_flags() -> None:
         config_flags.DEFINE_config_file(
             "config",
             DEFAULT_CONFIG,
-            "Run configuration file; override any field with --config.SECTION.FIELD=VALUE.",
+            f"Run configuration: a name ({', '.join(NAMES)}) or a config file; override any "
+            "field with --config.SECTION.FIELD=VALUE.",
         )
     except (KeyError, AttributeError, TypeError, ValueError) as e:
         _config_error(e)
+    FLAGS["config"].parser = _NamedConfigParser(FLAGS["config"].parser)
     flags.DEFINE_string("workdir", None, "Output directory (default runs/<config name>).")
     flags.DEFINE_bool(
         "multihost", False, "One process of a run over several processes (jax.distributed)."
@@ -83,6 +83,19 @@ def _define_flags() -> None:
     flags.DEFINE_integer(
         "process_id", None, "This process's index, 0 to num_processes - 1 (implies --multihost)."
     )
+
+
+class _NamedConfigParser(flags.ArgumentParser):
+    """ml_collections' config file parser, also given a packaged config's name."""
+
+    def __init__(self, files: flags.ArgumentParser):
+        self.files = files
+
+    def parse(self, argument: str) -> ml_collections.ConfigDict:
+        return self.files.parse(config_file(argument))
+
+    def flag_type(self) -> str:
+        return self.files.flag_type()
 
 
 def _usage(full: bool) -> NoReturn:
@@ -124,11 +137,16 @@ def _quiet_orbax() -> None:
     sys.unraisablehook = unraisablehook
 
 
+def _config_path() -> str:
+    """The file of ``--config``, without its ``:ARGS``."""
+    return config_file(FLAGS["config"].config_filename).partition(":")[0]
+
+
 def _load_config() -> ml_collections.ConfigDict:
     """The config of ``--config`` with its overrides; one line and exit 2 if it fails."""
-    config_file = FLAGS["config"].config_filename.partition(":")[0]
-    if not os.path.isfile(config_file):
-        _fail(f"--config file {config_file!r} does not exist", EXIT_USAGE)
+    path = _config_path()
+    if not os.path.isfile(path):
+        _fail(f"--config file {path!r} does not exist (names: {', '.join(NAMES)})", EXIT_USAGE)
     try:
         config = FLAGS.config
         config.get("train")  # a config file that failed to load fails here
@@ -142,7 +160,7 @@ def _train(argv: list[str]) -> None:
     if len(argv) > 1:
         _fail(f"unexpected arguments: {argv[1:]}", EXIT_USAGE)
     config = _load_config()
-    name = os.path.splitext(os.path.basename(FLAGS["config"].config_filename))[0]
+    name = os.path.splitext(os.path.basename(_config_path()))[0]
     workdir = FLAGS.workdir or os.path.join("runs", name)
     logging.set_verbosity(logging.WARNING)  # Orbax logs every file it writes at INFO
     _quiet_orbax()

@@ -1,7 +1,7 @@
 """The full run configuration (model, data, train, decode) as an ml_collections ConfigDict.
 
-``configs/*.py`` start from :func:`default_config` (the paper's base model on WMT14
-en->de) and change what differs. ``config.model`` maps one-to-one onto
+``transformer_jax/configs/*.py`` start from :func:`default_config` (the paper's base model on
+WMT14 en->de) and change what differs. ``config.model`` maps one-to-one onto
 :class:`transformer_jax.TransformerConfig` (see ``config.from_config_dict``).
 """
 

@@ -1,0 +1,16 @@
+"""The paper's big model on WMT14 English->German (Table 3, "big"; §6.1).
+
+The arithmetic on GPU, and the usual fast GPU run, are ``base``'s (its docstring).
+"""
+
+from transformer_jax.training.defaults import default_config
+
+
+def get_config():
+    config = default_config()
+    config.model.d_model = 1024
+    config.model.num_heads = 16
+    config.model.d_ff = 4096
+    config.model.dropout_rate = 0.3  # en-de big used P_drop = 0.3 (Table 3)
+    config.train.num_steps = 300_000  # 300k steps (§5.2)
+    return config
