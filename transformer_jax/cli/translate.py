@@ -24,7 +24,9 @@ from transformer_jax.inference.translation import translate_lines
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m transformer_jax.translate", description=__doc__
+        prog="python -m transformer_jax.translate",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_decode_flags(parser)
     parser.add_argument("--input", help="source sentences, one per line (default: stdin)")

@@ -1,0 +1,76 @@
+"""The ``transformer-jax`` console script: each command reached by name with its own command
+line, its ``--help`` keeping the description's layout, and packaged configs by name."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT
+
+from transformer_jax import configs
+from transformer_jax.cli.main import COMMANDS, main
+
+
+def test_usage_lists_every_command_and_a_wrong_one_exits_2(capsys):
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert all(f"  {name} " in out for name in COMMANDS)
+    assert main([]) == 2 and "usage: transformer-jax COMMAND" in capsys.readouterr().err
+    assert main(["trian"]) == 2 and "unknown command 'trian'" in capsys.readouterr().err
+
+
+def test_a_command_gets_the_rest_of_the_command_line_and_its_status_is_returned(
+    tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setattr(sys, "argv", ["transformer-jax"])
+    assert main(["average", "--workdir", str(tmp_path / "none"), "--last", "2"]) == 2
+    assert "error: workdir" in capsys.readouterr().err
+    assert sys.argv == [
+        "transformer-jax average",
+        "--workdir",
+        str(tmp_path / "none"),
+        "--last",
+        "2",
+    ]
+
+
+@pytest.mark.parametrize("name", sorted(set(COMMANDS) - {"train"}))
+def test_help_keeps_the_descriptions_layout(name, capsys, monkeypatch):
+    """Each line of the command's docstring is a line of its ``--help`` (indented usage
+    lines, lists and paragraphs as written), not a paragraph argparse rewrapped."""
+    monkeypatch.setattr(sys, "argv", ["transformer-jax"])
+    with pytest.raises(SystemExit) as exit:
+        main([name, "--help"])
+    assert exit.value.code == 0
+    out = capsys.readouterr().out.splitlines()
+    doc = COMMANDS[name][0].__doc__
+    missing = [line for line in doc.strip().splitlines() if line.rstrip() not in out]
+    assert not missing, missing
+
+
+def test_train_help_keeps_its_layout_and_names_the_packaged_configs():
+    result = subprocess.run(
+        [sys.executable, "-m", "transformer_jax.cli.main", "train", "--help"],
+        capture_output=True,
+        text=True,
+        cwd=str(ROOT),
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout.splitlines()
+    assert "    python train.py --config base --workdir runs/base" in out
+    assert f"a name ({', '.join(configs.NAMES)})" in result.stdout
+
+
+def test_config_names_are_the_packaged_files_and_paths_pass_through(tmp_path, monkeypatch):
+    here = os.path.dirname(configs.__file__)
+    assert configs.NAMES == ("base", "big", "multi30k", "tiny")
+    assert configs.config_file("base") == os.path.join(here, "base.py")
+    assert configs.config_file("multi30k:60x2") == os.path.join(here, "multi30k.py") + ":60x2"
+    for path in ("configs/base.py", "configs/multi30k.py:60", "mine.py", "nobase"):
+        assert configs.config_file(path) == path
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "base").write_text("def get_config(): ...\n")  # a file named like a config
+    assert configs.config_file("base") == "base"

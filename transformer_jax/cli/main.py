@@ -1,0 +1,49 @@
+"""The ``transformer-jax`` console script: ``transformer-jax COMMAND [FLAGS]``.
+
+Runs the command's ``main`` (``transformer-jax train --config base`` is
+``python train.py --config base``); ``transformer-jax COMMAND --help`` shows its flags.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+
+from transformer_jax.cli import average, download, evaluate, train, translate
+
+# command -> (its module, whose main() reads sys.argv and returns or exits with the status;
+# what it does, for the usage)
+COMMANDS: dict[str, tuple[ModuleType, str]] = {
+    "train": (train, "train and evaluate a run (python train.py); rerun to resume"),
+    "translate": (translate, "translate sentences with a trained run (beam search)"),
+    "evaluate": (evaluate, "translate a test set and score it with BLEU"),
+    "average": (average, "average a run's last checkpoints (paper §6.1)"),
+    "download": (download, "download a data set (Multi30k) for the text source"),
+}
+PROG = "transformer-jax"
+
+
+def usage() -> str:
+    lines = [f"usage: {PROG} COMMAND [FLAGS]   ({PROG} COMMAND --help: its flags)", ""]
+    lines += [f"  {name:<10} {what}" for name, (_, what) in COMMANDS.items()]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``argv[0]``'s command with the rest of ``argv`` (default ``sys.argv[1:]``) as its
+    command line; returns the command's exit status (0 for a ``--help``, 2 for no command)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage(), end="", file=sys.stdout if argv else sys.stderr)
+        return 0 if argv else 2
+    name, *rest = argv
+    if name not in COMMANDS:
+        print(f"{PROG}: unknown command {name!r}\n\n{usage()}", end="", file=sys.stderr)
+        return 2
+    sys.argv = [f"{PROG} {name}", *rest]  # the command parses sys.argv (train's absl flags do)
+    return COMMANDS[name][0].main() or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
