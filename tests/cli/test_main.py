@@ -49,15 +49,19 @@ def test_help_keeps_the_descriptions_layout(name, capsys, monkeypatch):
     assert not missing, missing
 
 
-def test_train_help_keeps_its_layout_and_names_the_packaged_configs():
-    result = subprocess.run(
-        [sys.executable, "-m", "transformer_jax.cli.main", "train", "--help"],
+def transformer_jax(*args, cwd=ROOT):
+    return subprocess.run(
+        [sys.executable, "-m", "transformer_jax.cli.main", *args],
         capture_output=True,
         text=True,
-        cwd=str(ROOT),
+        cwd=str(cwd),
         env=dict(os.environ, PYTHONPATH=str(ROOT)),
         timeout=120,
     )
+
+
+def test_train_help_keeps_its_layout_and_names_the_packaged_configs():
+    result = transformer_jax("train", "--help")
     assert result.returncode == 0, result.stderr[-3000:]
     out = result.stdout.splitlines()
     assert "    python train.py --config base --workdir runs/base" in out
@@ -74,3 +78,13 @@ def test_config_names_are_the_packaged_files_and_paths_pass_through(tmp_path, mo
     monkeypatch.chdir(tmp_path)
     (tmp_path / "base").write_text("def get_config(): ...\n")  # a file named like a config
     assert configs.config_file("base") == "base"
+
+
+def test_train_loads_a_packaged_config_by_name_outside_the_clone(tmp_path):
+    """``--config base`` from another folder: the paper's base model (d_model 512), here
+    refused by validation before anything is written."""
+    args = ["--config", "base", "--config.model.num_heads=7", "--workdir", "run"]
+    result = transformer_jax("train", *args, cwd=tmp_path)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "d_model=512 must be divisible by num_heads=7" in result.stderr, result.stderr
+    assert not (tmp_path / "run").exists()
