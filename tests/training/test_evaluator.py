@@ -12,21 +12,20 @@ import jax
 import ml_collections
 import numpy as np
 import pytest
-from conftest import ROOT
+from conftest import ROOT, TINY_CONFIG
 
 from transformer_jax.data.tokenizer import train_tokenizer
 from transformer_jax.inference.translation import translate_lines
-from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.training import evaluator
 
 SENTENCES = [
-    "The cat sits on the mat.",
-    "Die Katze sitzt auf der Matte.",
-    "A small house by the river.",
-    "Ein kleines Haus am Fluss.",
-    "We read the rich-text document today.",
-    "Wir lesen heute das Rich-Text-Dokument.",
+    "A dog runs across the green field.",
+    "Ein Hund rennt über das grüne Feld.",
+    "Two children play near the old bridge.",
+    "Zwei Kinder spielen an der alten Brücke.",
+    "She reads a letter by the window.",
+    "Sie liest einen Brief am Fenster.",
 ]
 # 23 lines of one or two words and an empty one: six batches of 4 rows (of one shape), the
 # last one with 3 lines
@@ -39,8 +38,7 @@ SCRIPT = textwrap.dedent(
     import jax, ml_collections
     from transformer_jax.data.tokenizer import load_tokenizer
     from transformer_jax.inference.translation import translate_lines
-    from transformer_jax.model.config import TransformerConfig
-    from transformer_jax.model.transformer import Transformer
+        from transformer_jax.model.transformer import Transformer
     from transformer_jax.training import evaluator, parallel
 
     assert jax.device_count() == 4
@@ -83,15 +81,7 @@ def tokenizer_path(tmp_path_factory):
 
 
 def tiny(vocab_size):
-    config = TransformerConfig(
-        vocab_size=vocab_size,
-        d_model=16,
-        num_heads=2,
-        d_ff=32,
-        num_encoder_layers=1,
-        num_decoder_layers=1,
-        max_len=24,
-    )
+    config = TINY_CONFIG.replace(vocab_size=vocab_size)
     src = jax.numpy.ones((1, 4), jax.numpy.int32)
     init = jax.jit(Transformer(config).init)
     params = jax.device_get(init(jax.random.PRNGKey(0), src, src)["params"])

@@ -139,14 +139,9 @@ class _Trainer:
             unit="step",
             disable=jax.process_index() != 0,
         )
-        batches = StepBatches(
-            self.train_iter,
-            self.dp.put_batch,
-            train.grad_accum_steps,
-            train.prefetch,
-        )
-        with bar, batches:
-            self.batches = batches
+        put = self.dp.put_batch
+        self.batches = StepBatches(self.train_iter, put, train.grad_accum_steps, train.prefetch)
+        with bar, self.batches:
             for step in range(self.step + 1, train.num_steps + 1):
                 signals.share()  # every process acts on any process's signals at this step
                 self.update(step)
@@ -163,7 +158,7 @@ class _Trainer:
                     bar.set_postfix(self.progress())
                 if log_now:
                     record = self.window.record(float(self.schedule(step - 1)))
-                    record["dropped_too_long"] = batches.dropped_too_long
+                    record["dropped_too_long"] = self.batches.dropped_too_long
                     self.writer.write(step, record)
                 if save_now or requests.stop or last:
                     self.save()
@@ -181,11 +176,11 @@ class _Trainer:
     def update(self, step: int) -> None:
         """Apply step ``step`` (the dropout key ``fold_in(state.rng, step)``, taken inside the
         step: ``steps.dropout_key``), reading the previous step's metrics while this one runs."""
-        batches = self.batches.next_step()
+        taken = self.batches.next_step()
         self.window.add_wait(self.batches.last_wait)
-        for batch in batches.host:
+        for batch in taken.host:
             self.window.add_batch(batch)
-        micro = batches.placed
+        micro = taken.placed
         if len(micro) == 1:
             self.state, metrics = self.dp.train_step(self.state, micro[0])
         else:
