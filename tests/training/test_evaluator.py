@@ -38,7 +38,8 @@ SCRIPT = textwrap.dedent(
     import jax, ml_collections
     from transformer_jax.data.tokenizer import load_tokenizer
     from transformer_jax.inference.translation import translate_lines
-        from transformer_jax.model.transformer import Transformer
+    from transformer_jax.model.config import TransformerConfig
+    from transformer_jax.model.transformer import Transformer
     from transformer_jax.training import evaluator, parallel
 
     assert jax.device_count() == 4
