@@ -6,6 +6,7 @@ buckets, so each shape compiles once.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -19,6 +20,15 @@ from transformer_jax.model.config import TransformerConfig
 log = logging.getLogger(__name__)
 
 MIN_BUCKET = 8  # source lengths are padded to a power of two >= 8 (or to max_src_len)
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceBatches:
+    """The non-empty lines as decoding batches: ``batches[i]``'s first ``len(rows[i])`` rows
+    are the lines ``rows[i]`` (indices into the lines), longest first."""
+
+    rows: list[np.ndarray]
+    batches: list[np.ndarray]
 
 
 def translate_lines(
@@ -41,6 +51,25 @@ def translate_lines(
     ``config.max_len``) are truncated, with a warning. Each sentence may produce up to its
     length + ``max_extra_len`` tokens (capped by ``config.max_len``).
     """
+    if not isinstance(beam_size, int) or beam_size < 1:
+        raise ValueError(f"beam_size must be a positive integer, got {beam_size!r}")
+    sources = source_batches(config, tokenizer, lines, max_src_len, batch_size)
+    out = [""] * len(lines)
+    for rows, src in zip(sources.rows, sources.batches, strict=True):
+        tokens = decode_batch(config, params, src, beam_size, alpha, max_extra_len)
+        for i, row in zip(rows, np.asarray(tokens), strict=False):
+            out[i] = tokenizer.decode(row.tolist())
+    return out
+
+
+def source_batches(
+    config: TransformerConfig | Sequence[TransformerConfig],
+    tokenizer: Tokenizer,
+    lines: Sequence[str],
+    max_src_len: int | None = None,
+    batch_size: int = 64,
+) -> SourceBatches:
+    """The batches :func:`translate_lines` decodes (its arguments, checked the same way)."""
     first = config if isinstance(config, TransformerConfig) else config[0]
     max_src_len = first.max_len if max_src_len is None else max_src_len
     if not isinstance(max_src_len, int) or not 1 <= max_src_len <= first.max_len:
@@ -50,15 +79,13 @@ def translate_lines(
         )
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-    if not isinstance(beam_size, int) or beam_size < 1:
-        raise ValueError(f"beam_size must be a positive integer, got {beam_size!r}")
     if tokenizer.vocab_size > first.src_vocab:
         raise ValueError(
             f"the tokenizer has {tokenizer.vocab_size} pieces but the model's vocabulary "
             f"(model.vocab_size) is {first.src_vocab}"
         )
 
-    todo = [i for i, line in enumerate(lines) if line.strip()]
+    todo = np.array([i for i, line in enumerate(lines) if line.strip()], np.int64)
     ids = tokenizer.encode_batch([lines[i] for i in todo])
     sources = [x[: max_src_len - 1] + [EOS_ID] for x in ids]
     truncated = sum(len(x) + 1 > max_src_len for x in ids)
@@ -70,20 +97,29 @@ def translate_lines(
             max_src_len,
         )
 
-    out = [""] * len(lines)
     order = sorted(range(len(sources)), key=lambda j: -len(sources[j]))
-    for start in range(0, len(order), batch_size):
-        chunk = order[start : start + batch_size]
-        src = _pad_batch([sources[j] for j in chunk], max_src_len)
-        if beam_size == 1:
-            tokens = greedy_search(config, params, src, max_extra_len=max_extra_len)
-        else:
-            tokens = beam_search(
-                config, params, src, beam_size=beam_size, alpha=alpha, max_extra_len=max_extra_len
-            )
-        for j, row in zip(chunk, np.asarray(tokens), strict=False):
-            out[todo[j]] = tokenizer.decode(row.tolist())
-    return out
+    chunks = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+    return SourceBatches(
+        rows=[todo[chunk] for chunk in chunks],
+        batches=[_pad_batch([sources[j] for j in chunk], max_src_len) for chunk in chunks],
+    )
+
+
+def decode_batch(
+    config: TransformerConfig | Sequence[TransformerConfig],
+    params: Any,
+    src: np.ndarray,
+    beam_size: int,
+    alpha: float,
+    max_extra_len: int,
+) -> Any:
+    """The output ids of one batch of :func:`source_batches`, on the device holding
+    ``params`` (a device array, not waited for)."""
+    if beam_size == 1:
+        return greedy_search(config, params, src, max_extra_len=max_extra_len)
+    return beam_search(
+        config, params, src, beam_size=beam_size, alpha=alpha, max_extra_len=max_extra_len
+    )
 
 
 def _pad_batch(sources: list[list[int]], max_src_len: int) -> np.ndarray:

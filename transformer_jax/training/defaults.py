@@ -61,6 +61,7 @@ def default_config() -> ml_collections.ConfigDict:
     config.train.label_smoothing = 0.1
     config.train.label_smoothing_convention = "t2t"  # eps/(V-1) elsewhere; 'uniform': eps/V
     config.train.grad_accum_steps = 1
+    config.train.prefetch = 2  # steps of batches a thread reads and places ahead (0: inline)
     config.train.parallel = "pmap"  # 'pmap' | 'shard_map'
     config.train.seed = 0
     config.train.log_every = 100

@@ -74,7 +74,8 @@ class MetricsWindow:
     """Sums of the training metrics since the last log step, and the record they make.
 
     Tokens/s counts training time only (:meth:`restart_clock` after an evaluation);
-    ``grad_norm`` is logged as the mean per step.
+    ``grad_norm`` is logged as the mean per step; ``host_wait`` is the fraction of that time
+    the training thread waited for its batches.
     """
 
     KEYS = ("loss", "cross_entropy", "nll", "tokens", "correct", "grad_norm", "steps")
@@ -85,6 +86,7 @@ class MetricsWindow:
     def reset(self) -> None:
         self.sums = dict.fromkeys(self.KEYS, 0.0)
         self.real_tokens, self.slots = 0, 0
+        self.waited = 0.0
         self.started = time.perf_counter()
 
     def add_batch(self, batch: Batch) -> None:
@@ -95,6 +97,12 @@ class MetricsWindow:
     def add_step(self, metrics: dict[str, float]) -> None:
         for key in self.KEYS:
             self.sums[key] += metrics.get(key, 1.0 if key == "steps" else 0.0)
+
+    def add_wait(self, seconds: float) -> None:
+        self.waited += seconds
+
+    def host_wait_fraction(self) -> float:
+        return self.waited / max(time.perf_counter() - self.started, 1e-9)
 
     def tokens_per_sec(self) -> float:
         return self.real_tokens / max(time.perf_counter() - self.started, 1e-9)
@@ -109,6 +117,7 @@ class MetricsWindow:
             learning_rate=learning_rate,
             tokens_per_sec=real / max(time.perf_counter() - self.started, 1e-9),
             padding_efficiency=real / max(slots, 1),
+            host_wait=self.host_wait_fraction(),
         )
         self.reset()
         return record

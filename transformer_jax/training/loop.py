@@ -34,6 +34,7 @@ from transformer_jax.training.logs import (
     run_info,
     write_run_info,
 )
+from transformer_jax.training.prefetch import StepBatches
 from transformer_jax.training.run import Run, run_schedule, start_run
 from transformer_jax.training.signals import Handler, Signals
 from transformer_jax.training.validation import validate_config
@@ -112,7 +113,8 @@ class _Trainer:
     evaluations and the signals' requests, between steps.
 
     The metrics of a step are read one step late, so the host never waits for the device
-    except at log, checkpoint and evaluation steps.
+    except at log, checkpoint and evaluation steps; ``train.prefetch`` steps' batches are
+    read and placed on the devices ahead by a thread (:mod:`~transformer_jax.training.prefetch`).
     """
 
     def __init__(self, run: Run, train_iter: data_lib.TrainIterator, evaluator: Evaluator):
@@ -124,6 +126,7 @@ class _Trainer:
         self.state = self.dp.replicate(run.state)
         self.step = run.start
         self.pending: tuple[int, dict] | None = None
+        self.batches: StepBatches | None = None  # while training
         self.last_loss: float | None = None  # until the first step's metrics are read
 
     def train(self, signals: Signals) -> str | None:
@@ -136,7 +139,9 @@ class _Trainer:
             unit="step",
             disable=jax.process_index() != 0,
         )
-        with bar:
+        put = self.dp.put_batch
+        self.batches = StepBatches(self.train_iter, put, train.grad_accum_steps, train.prefetch)
+        with bar, self.batches:
             for step in range(self.step + 1, train.num_steps + 1):
                 signals.share()  # every process acts on any process's signals at this step
                 self.update(step)
@@ -153,7 +158,7 @@ class _Trainer:
                     bar.set_postfix(self.progress())
                 if log_now:
                     record = self.window.record(float(self.schedule(step - 1)))
-                    record["dropped_too_long"] = self.train_iter.stats()["dropped_too_long"]
+                    record["dropped_too_long"] = self.batches.dropped_too_long
                     self.writer.write(step, record)
                 if save_now or requests.stop or last:
                     self.save()
@@ -171,9 +176,11 @@ class _Trainer:
     def update(self, step: int) -> None:
         """Apply step ``step`` (the dropout key ``fold_in(state.rng, step)``, taken inside the
         step: ``steps.dropout_key``), reading the previous step's metrics while this one runs."""
-        micro = [next(self.train_iter) for _ in range(self.config.train.grad_accum_steps)]
-        for batch in micro:
+        taken = self.batches.next_step()
+        self.window.add_wait(self.batches.last_wait)
+        for batch in taken.host:
             self.window.add_batch(batch)
+        micro = taken.placed
         if len(micro) == 1:
             self.state, metrics = self.dp.train_step(self.state, micro[0])
         else:
@@ -202,11 +209,12 @@ class _Trainer:
             **loss,
             "lr": f"{float(self.schedule(self.step - 1)):.2e}",
             "tok_s": f"{self.window.tokens_per_sec():.0f}",
+            "wait": f"{self.window.host_wait_fraction():.0%}",
         }
 
     def save(self) -> None:
         host = self.dp.unreplicate(self.state)
-        self.run.checkpointer.save_state(host, self.train_iter.get_state())
+        self.run.checkpointer.save_state(host, self.batches.data_state)
 
     def snapshot(self) -> str:
         """Save the current parameters in ``{workdir}/snapshots/{step}``; what was done."""

@@ -71,7 +71,10 @@ class DataParallel:
         # pmap maps over the local devices; the shard_map mesh spans all processes' devices
         self.devices = list(devices) if devices is not None else None
         local = self.devices if devices is not None else jax.local_devices()
+        self.local_devices = local
         self.num_devices = len(local)
+        # a leading axis of one entry per local device (pmap's inputs and outputs)
+        self.local_sharding = NamedSharding(Mesh(np.array(local), (AXIS,)), P(AXIS))
         kw = dict(
             model=model,
             label_smoothing=label_smoothing,
@@ -118,8 +121,7 @@ class DataParallel:
         if self.kind == "pmap":  # laid out as pmap's outputs, so step 2 does not recompile
             n = self.num_devices
             stacked = jax.tree.map(lambda x: np.broadcast_to(x, (n,) + np.shape(x)), tree)
-            mesh = Mesh(np.array(self.devices or jax.local_devices()), (AXIS,))
-            return jax.device_put(stacked, NamedSharding(mesh, P(AXIS)))
+            return jax.device_put(stacked, self.local_sharding)
         return jax.device_put(tree, NamedSharding(self.mesh, P()))
 
     def unreplicate(self, tree: Any) -> Any:
@@ -128,23 +130,38 @@ class DataParallel:
             tree = jax.tree.map(lambda x: x[0], tree)
         return jax.device_get(tree)
 
-    def put_batch(self, batch: dict[str, np.ndarray]) -> dict:
-        """Split this process's batch over its local devices."""
+    def local_copies(self, tree: Any) -> list[Any]:
+        """A replicated pytree as one single-device pytree per local device, in order."""
+
+        def copy(x: jax.Array, i: int) -> jax.Array:
+            shard = next(s.data for s in x.addressable_shards if s.device == local[i])
+            return shard[0] if self.kind == "pmap" else shard
+
+        local = self.local_devices
+        return [jax.tree.map(lambda x, i=i: copy(x, i), tree) for i in range(len(local))]
+
+    def put_batch(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+        """Split this process's batch over its local devices (device arrays, placed as the
+        steps take them; the steps also take host batches and place them first)."""
+        shards = shard_batch(batch, self.num_devices, self.pad_id)
         if self.kind == "pmap":
-            return shard_batch(batch, self.num_devices, self.pad_id)
-        local = self.num_devices
-        flat = {k: v.reshape((-1,) + v.shape[2:]) for k, v in shard_batch(batch, local).items()}
+            return jax.device_put(shards, self.local_sharding)
+        flat = {k: v.reshape((-1,) + v.shape[2:]) for k, v in shards.items()}
         sharding = NamedSharding(self.mesh, P(AXIS))
         return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in flat.items()}
+
+    def _placed(self, batch: dict) -> dict[str, jax.Array]:
+        placed = all(isinstance(v, jax.Array) for v in batch.values())
+        return batch if placed else self.put_batch(batch)
 
     def _metrics(self, metrics: dict) -> dict:
         return jax.tree.map(lambda x: x[0], metrics) if self.kind == "pmap" else metrics
 
     # -- the compiled steps ----------------------------------------------------------
     def train_step(self, state: TrainState, batch: dict) -> tuple[TrainState, dict]:
-        """One update on a host batch (dropout key: ``steps.dropout_key(state)``); returns
-        the new state and global metric sums."""
-        state, metrics = self._train(state, self.put_batch(batch))
+        """One update on a batch, host arrays or ``put_batch``'s (dropout key:
+        ``steps.dropout_key(state)``); returns the new state and global metric sums."""
+        state, metrics = self._train(state, self._placed(batch))
         return state, self._metrics(metrics)
 
     def zero_accumulator(self, state: TrainState) -> Any:
@@ -161,7 +178,7 @@ class DataParallel:
     def accumulate(self, accumulated: Any, state: TrainState, batch: dict, micro_step: int) -> Any:
         """Add micro-batch ``micro_step``'s gradient sums to the per-device buffers."""
         micro = np.int32(micro_step)
-        return self._accumulate(accumulated, state, self.put_batch(batch), micro)
+        return self._accumulate(accumulated, state, self._placed(batch), micro)
 
     def apply(self, state: TrainState, accumulated: Any) -> tuple[TrainState, dict]:
         """The update from accumulated gradients; returns the state and metric sums."""
@@ -170,7 +187,7 @@ class DataParallel:
 
     def eval_step(self, params: Any, batch: dict) -> dict:
         """Global metric sums of one evaluation batch."""
-        return self._metrics(self._eval(params, self.put_batch(batch)))
+        return self._metrics(self._eval(params, self._placed(batch)))
 
 
 def _squeezed(fn: Any, argnum: int) -> Any:

@@ -40,6 +40,7 @@ RESUMABLE = (
     "train.test_sentences",
     "train.samples",
     "train.parallel",
+    "train.prefetch",
     "data.text_dir",
     "data.tfds_data_dir",
     "decode.",

@@ -53,6 +53,7 @@ def validate_config(config: ml_collections.ConfigDict) -> TransformerConfig:
         "samples",
         "seed",
         "cooldown_steps",
+        "prefetch",
     ):
         _int(config, "train", name, 0)
     if config.train.cooldown_steps > config.train.num_steps:

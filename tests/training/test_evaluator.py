@@ -1,0 +1,135 @@
+"""Evaluation decodes data-parallel: over 4 simulated CPU devices (pmap and shard_map
+parameters, in a subprocess) and over processes, it gives exactly the translations of
+``translate_lines`` on one device, in order."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import ml_collections
+import numpy as np
+import pytest
+from conftest import ROOT, TINY_CONFIG
+
+from transformer_jax.data.tokenizer import train_tokenizer
+from transformer_jax.inference.translation import translate_lines
+from transformer_jax.model.transformer import Transformer
+from transformer_jax.training import evaluator
+
+SENTENCES = [
+    "A dog runs across the green field.",
+    "Ein Hund rennt über das grüne Feld.",
+    "Two children play near the old bridge.",
+    "Zwei Kinder spielen an der alten Brücke.",
+    "She reads a letter by the window.",
+    "Sie liest einen Brief am Fenster.",
+]
+# 23 lines of one or two words and an empty one: six batches of 4 rows (of one shape), the
+# last one with 3 lines
+LINES = [" ".join(SENTENCES[i % 6].split()[: 1 + i % 2]) for i in range(23)] + [""]
+DECODE = ml_collections.ConfigDict({"beam_size": 3, "alpha": 0.6, "max_extra_len": 6})
+
+SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    import jax, ml_collections
+    from transformer_jax.data.tokenizer import load_tokenizer
+    from transformer_jax.inference.translation import translate_lines
+    from transformer_jax.model.config import TransformerConfig
+    from transformer_jax.model.transformer import Transformer
+    from transformer_jax.training import evaluator, parallel
+
+    assert jax.device_count() == 4
+    tokenizer = load_tokenizer(sys.argv[1])
+    lines = json.loads(sys.argv[2])
+    decode = ml_collections.ConfigDict(json.loads(sys.argv[3]))
+    config = TransformerConfig(vocab_size=tokenizer.vocab_size, d_model=16, num_heads=2,
+                               d_ff=32, num_encoder_layers=1, num_decoder_layers=1, max_len=24)
+    model = Transformer(config)
+    src = jax.numpy.ones((1, 4), jax.numpy.int32)
+    params = jax.device_get(jax.jit(model.init)(jax.random.PRNGKey(0), src, src)["params"])
+
+    used = set()
+    decode_batch = evaluator.decode_batch
+    def recording(*args):
+        out = decode_batch(*args)
+        used.update(str(d) for d in out.devices())
+        return out
+    evaluator.decode_batch = recording
+
+    out = {"one": translate_lines(config, params, tokenizer, lines, beam_size=3,
+                                  max_extra_len=6, batch_size=4)}
+    for kind in ("pmap", "shard_map"):
+        dp = parallel.DataParallel(kind, model, 0.1)
+        copies = dp.local_copies(dp.replicate(params))
+        out[kind] = evaluator.translate_data_parallel(
+            config, copies, tokenizer, lines, decode, batch_size=4)
+        out[kind + "_devices"] = len(used)
+        used.clear()
+    print("RESULT" + json.dumps(out))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def tokenizer_path(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("tok") / "tokenizer.model")
+    train_tokenizer(SENTENCES * 4, path, 300)
+    return path
+
+
+def tiny(vocab_size):
+    config = TINY_CONFIG.replace(vocab_size=vocab_size)
+    src = jax.numpy.ones((1, 4), jax.numpy.int32)
+    init = jax.jit(Transformer(config).init)
+    params = jax.device_get(init(jax.random.PRNGKey(0), src, src)["params"])
+    return config, params
+
+
+@pytest.mark.slow
+def test_four_devices_give_the_one_device_translations(tokenizer_path):
+    env = dict(
+        os.environ,
+        XLA_FLAGS="--xla_force_host_platform_device_count=4 --xla_backend_optimization_level=0",
+        JAX_PLATFORMS="cpu",
+    )
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    args = [tokenizer_path, json.dumps(LINES), json.dumps(DECODE.to_dict())]
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT, *args], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT"))
+    out = json.loads(line.removeprefix("RESULT"))
+    assert out["pmap"] == out["one"] and out["shard_map"] == out["one"]
+    assert out["pmap_devices"] == 4 and out["shard_map_devices"] == 4
+    assert out["one"][-1] == "" and len(set(out["one"])) > 2  # not one translation for all
+
+
+def test_each_process_decodes_its_batches_and_the_sum_has_them_all(tokenizer_path, monkeypatch):
+    from transformer_jax.data.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(tokenizer_path)
+    config, params = tiny(tokenizer.vocab_size)
+    expected = translate_lines(
+        config, params, tokenizer, LINES, beam_size=1, max_extra_len=6, batch_size=4
+    )
+    greedy = ml_collections.ConfigDict({**DECODE, "beam_size": 1})
+    shares = []
+
+    def alone(values):  # the collective of a process whose peers decoded nothing
+        shares.append(np.array(values))
+        return lambda: tuple(int(v) for v in values)
+
+    monkeypatch.setattr(evaluator.jax, "process_count", lambda: 2)
+    monkeypatch.setattr(evaluator, "sum_over_processes", alone)
+    for process in (0, 1):
+        monkeypatch.setattr(evaluator.jax, "process_index", lambda p=process: p)
+        evaluator.translate_data_parallel(config, [params], tokenizer, LINES, greedy, 4)
+    rows = [np.asarray(s).reshape(len(LINES), -1) for s in shares]
+    decoded = [rows[p].any(axis=1) for p in (0, 1)]
+    assert not (decoded[0] & decoded[1]).any() and decoded[0].sum() and decoded[1].sum()
+    assert [tokenizer.decode(row.tolist()) for row in rows[0] + rows[1]] == expected
