@@ -531,3 +531,14 @@ def test_train_throughput_dot_floor_smoke():
     assert floor["step_vs_floor"] == pytest.approx(row["step_s"]["median"] / floor["seconds"])
     assert "torch_step_vs_floor" not in floor  # no torch row
     assert sum(d["count"] for d in floor["dots"]) > 0
+
+
+@pytest.mark.slow  # two programs and a beam search compiled
+def test_gpu_check_smoke(tmp_path):
+    out = tmp_path / "gpu.json"
+    payload = _script("gpu_check").main(["--smoke", "--json", str(out)])
+    (train,) = payload["train"]
+    (decode,) = payload["decode"]
+    assert train["config"] == "tiny" and train["tokens_per_s"] > 0 and train["plan_memory_gib"] > 0
+    assert decode["sentences_per_s"] > 0
+    assert json.loads(out.read_text())["device"] == payload["device"]
