@@ -41,23 +41,24 @@ class Gpu:
         ]
 
 
+H100 = Gpu(
+    name="NVIDIA H100 80GB HBM3",
+    compute_capability=(9, 0),
+    sm_count=132,
+    fpus_per_sm=128,
+    clock_ghz=1.98,
+    memory_bytes=81559 * MIB,
+    memory_bandwidth=3.35e12,
+    l2_cache_bytes=50 * MIB,
+    shared_memory_per_sm=228 * 1024,
+    shared_memory_per_block_optin=227 * 1024,
+    peak_bf16=989.4e12,
+    peak_tf32=494.7e12,
+    peak_fp32=66.9e12,
+    nvlink_bandwidth=450e9,
+)
 GPUS = {
-    "h100": Gpu(
-        name="NVIDIA H100 80GB HBM3",
-        compute_capability=(9, 0),
-        sm_count=132,
-        fpus_per_sm=128,
-        clock_ghz=1.98,
-        memory_bytes=81559 * MIB,
-        memory_bandwidth=3.35e12,
-        l2_cache_bytes=50 * MIB,
-        shared_memory_per_sm=228 * 1024,
-        shared_memory_per_block_optin=227 * 1024,
-        peak_bf16=989.4e12,
-        peak_tf32=494.7e12,
-        peak_fp32=66.9e12,
-        nvlink_bandwidth=450e9,
-    ),
+    "h100": H100,
     "a100": Gpu(
         name="NVIDIA A100-SXM4-80GB",
         compute_capability=(8, 0),
@@ -74,21 +75,9 @@ GPUS = {
         peak_fp32=19.5e12,
         nvlink_bandwidth=300e9,
     ),
-    "h200": Gpu(
-        name="NVIDIA H200",
-        compute_capability=(9, 0),
-        sm_count=132,
-        fpus_per_sm=128,
-        clock_ghz=1.98,
-        memory_bytes=143771 * MIB,
-        memory_bandwidth=4.8e12,
-        l2_cache_bytes=50 * MIB,
-        shared_memory_per_sm=228 * 1024,
-        shared_memory_per_block_optin=227 * 1024,
-        peak_bf16=989.4e12,
-        peak_tf32=494.7e12,
-        peak_fp32=66.9e12,
-        nvlink_bandwidth=450e9,
+    # the H100's chip with 141 GB of HBM3e
+    "h200": dataclasses.replace(
+        H100, name="NVIDIA H200", memory_bytes=143771 * MIB, memory_bandwidth=4.8e12
     ),
 }
 # Between hosts: one 400 Gb/s InfiniBand NDR adapter per GPU (the DGX/HGX layout), each way.
@@ -103,8 +92,8 @@ def get_gpu(name: str) -> Gpu:
 
 
 def target_config(gpu: Gpu, cudnn_version: tuple[int, int, int] = (9, 10, 0)) -> str:
-    """``gpu``'s GpuTargetConfig text proto; ``cudnn_version`` is the cuDNN the program is
-    compiled against (the plugin's)."""
+    """``gpu``'s GpuTargetConfig text proto; ``cudnn_version``: the cuDNN the compiled
+    program assumes."""
     major, minor = gpu.compute_capability
     return f"""gpu_device_info {{
   threads_per_block_limit: 1024
