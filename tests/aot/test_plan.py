@@ -14,7 +14,7 @@ from transformer_jax import TransformerConfig
 from transformer_jax.analysis.costs import training_flops
 from transformer_jax.aot import programs
 from transformer_jax.aot.gpus import GPUS, NETWORK_BANDWIDTH, get_gpu, target_config
-from transformer_jax.aot.plan import estimate
+from transformer_jax.aot.plan import estimate, format_plan
 from transformer_jax.aot.programs import Compiled, hlo_summary, parse_topology
 
 HLO = """
@@ -127,3 +127,28 @@ def test_plan_without_the_cuda_plugin_says_how_to_install_it():
         "error: compiling for a GPU without one needs JAX's CUDA plugin of the installed "
         "jax: pip install -e '.[gpu-aot]' (README, GPUs)"
     )
+
+
+def test_the_printed_plan_states_memory_fit_collectives_and_the_estimate():
+    gib = 2**30
+    hlo = hlo_summary(HLO)
+    train = {"rows_per_device": 97, "length": 256, "compile_s": 1.0, "param_bytes": gib}
+    train |= {"optimizer_bytes": 2 * gib, "argument_bytes": 3 * gib, "temp_bytes": 4 * gib}
+    train |= {"total_bytes": 7 * gib, "memory_bytes": 80 * gib, "usable_bytes": 60 * gib}
+    train |= {"fits": True, "hlo": hlo}
+    plan = {"gpu": "NVIDIA H100 80GB HBM3", "devices": 8, "topology": "1x1x8"}
+    plan |= {"parallel": "pmap", "dtype": "bfloat16", "products": "bfloat16"}
+    plan |= {"attention_impl": "cudnn", "grad_accum_steps": 1, "train": train}
+    plan["estimate"] = {"step_s": 0.04, "compute_s": 0.03, "memory_s": 0.01, "comm_s": 0.01}
+    plan["estimate"] |= {"tokens_per_device_per_s": 1e6, "mfu": 0.75, "peak_flops": 989.4e12}
+    plan["fit"] = {"max_rows_per_device": 400, "max_tokens_per_device": 102400}
+    plan["fit"] |= {"max_tokens_per_batch": 819200, "method": "fit", "compile_s": 2.0}
+    plan["fit"]["checked_total_bytes"] = 59 * gib
+    text = format_plan(plan)
+    assert "total 7.00 GiB of 80.00 GiB (usable 60.00 GiB): fits" in text
+    assert "all-reduce x2 (2.0 MiB), all-gather x1 (0.0 MiB)" in text
+    assert "data.tokens_per_batch=819200" in text and "59.00 GiB" in text
+    assert "estimate (roofline, not a measurement): step 40.0 ms" in text
+    assert "8,000,000 tokens/s" in text and "MFU 75% of 989 TFLOP/s" in text
+    plan["grad_accum_steps"] = 2
+    assert "one micro-batch's gradient accumulation, per device" in format_plan(plan)

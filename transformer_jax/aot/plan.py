@@ -9,7 +9,8 @@ JSON-able dict:
   ``train.parallel='pmap'`` could not be compiled and ``shard_map`` was planned instead),
   ``dtype``, ``matmul_precision``, ``products`` (the precision the products run at),
   ``attention_impl``, ``grad_accum_steps``.
-* ``train``: ``length``, ``rows_per_device``, ``tokens_per_device`` (per side),
+* ``train`` (with ``train.grad_accum_steps > 1``: one micro-batch's accumulation, whose
+  update runs once per step): ``length``, ``rows_per_device``, ``tokens_per_device`` (per side),
   ``compile_s``, per device ``param_bytes``, ``optimizer_bytes``, ``argument_bytes``,
   ``temp_bytes``, ``total_bytes`` (arguments + new outputs + temporaries),
   ``memory_bytes`` (the GPU's), ``usable_bytes`` (``memory_fraction`` of it: JAX
@@ -217,14 +218,18 @@ def format_plan(plan: dict[str, Any]) -> str:
     train, est = plan["train"], plan["estimate"]
     hlo = train["hlo"]
     collectives = ", ".join(
-        f"{kind} x{c['count']} ({_gib(c['bytes'])})" for kind, c in hlo["collectives"].items()
+        f"{kind} x{c['count']} ({c['bytes'] / 2**20:.1f} MiB)"
+        for kind, c in hlo["collectives"].items()
     )
+    program = "train step"
+    if plan["grad_accum_steps"] > 1:  # the update (and its all-reduce) runs once per step
+        program = "one micro-batch's gradient accumulation"
     lines = [
         f"{plan['gpu']} x {plan['devices']} (topology {plan['topology']}), {plan['parallel']}, "
         f"{plan['dtype']} (products {plan['products']}), attention "
         f"{plan['attention_impl']}, grad_accum_steps {plan['grad_accum_steps']}",
         *([plan["pmap_note"]] if "pmap_note" in plan else []),
-        f"train step, per device: {train['rows_per_device']} x {train['length']} tokens "
+        f"{program}, per device: {train['rows_per_device']} x {train['length']} tokens "
         f"(source and target each; the largest bucket), compiled in {train['compile_s']} s",
         f"  parameters {_gib(train['param_bytes'])} + optimizer {_gib(train['optimizer_bytes'])}"
         f"; arguments {_gib(train['argument_bytes'])}, temporaries {_gib(train['temp_bytes'])}",
