@@ -110,6 +110,7 @@ def plan_command(*args):
         (["--gpu", "v100"], 2, "--gpu"),
         (["--config.model.d_modle=8"], 2, "unknown config field"),
         (["--config.data.max_len=0"], 1, "data.max_len"),
+        (["--json", "/no/such/folder/plan.json"], 2, "--json: folder '/no/such/folder'"),
     ],
 )
 def test_plan_mistakes_are_one_line(args, code, message):
@@ -152,3 +153,10 @@ def test_the_printed_plan_states_memory_fit_collectives_and_the_estimate():
     assert "8,000,000 tokens/s" in text and "MFU 75% of 989 TFLOP/s" in text
     plan["grad_accum_steps"] = 2
     assert "one micro-batch's gradient accumulation, per device" in format_plan(plan)
+
+
+def test_plan_help_lists_its_flags():
+    result = plan_command("--help")
+    assert result.returncode == 0
+    assert "python -m transformer_jax.plan --config" in result.stdout
+    assert "--topology" in result.stdout and "--gpu: <a100|h100|h200>" in result.stdout

@@ -15,6 +15,7 @@ the program, and a roofline estimate of the step time. ``--json`` writes the pla
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from absl import app, flags
@@ -43,7 +44,11 @@ def _define_flags() -> None:
 
 
 def _parse_flags(argv: list[str]) -> list[str]:
-    """absl's parsing, with one line for a bad flag or config."""
+    """absl's parsing, with this docstring and the flags for ``--help``, and one line for a
+    bad flag or config."""
+    if {"-h", "--help"} & set(argv[1:]):
+        print(f"{__doc__}\nflags:\n{FLAGS.module_help(FLAGS.find_module_defining_flag('gpu'))}")
+        sys.exit(0)
     try:
         return FLAGS(argv)
     except flags.Error as e:
@@ -56,6 +61,9 @@ def _plan(argv: list[str]) -> None:
     if len(argv) > 1:
         train_cli._fail(f"unexpected arguments: {argv[1:]}", train_cli.EXIT_USAGE)
     config = train_cli._load_config()
+    folder = os.path.dirname(os.path.abspath(FLAGS.json)) if FLAGS.json else None
+    if folder and not os.path.isdir(folder):  # before minutes of compiling
+        train_cli._fail(f"--json: folder {folder!r} does not exist", train_cli.EXIT_USAGE)
     try:
         plan = make_plan(
             config,
