@@ -5,8 +5,8 @@
 ``data.batching.batch_rows`` gives it, and beam search at a stated batch, and returns a
 JSON-able dict:
 
-* ``gpu``, ``topology``, ``devices``, ``parallel`` (the compiled kind; ``pmap_note`` when
-  ``train.parallel='pmap'`` could not be compiled and ``shard_map`` was planned instead),
+* ``gpu``, ``topology``, ``devices``, ``parallel`` (``train.parallel``: pmap and
+  shard_map both compile without devices),
   ``dtype``, ``matmul_precision``, ``products`` (the precision the products run at),
   ``attention_impl``, ``grad_accum_steps``.
 * ``train`` (with ``train.grad_accum_steps > 1``: one micro-batch's accumulation, whose
@@ -155,20 +155,13 @@ def make_plan(
     length = config.data.max_len
     rows = batch_rows(config.data.tokens_per_batch, length, n) // n
     usable = int(memory_fraction * gpu.memory_bytes)
-    kind, note = config.train.parallel, None
+    kind = config.train.parallel
 
     def compile_rows(r: int) -> Compiled:
         log(f"compiling the {kind} train step: {r} x {length} tokens per device on {n} {gpu.name}")
         return train_program(model, config, devices, r * n, length, kind)
 
-    try:
-        first = compile_rows(rows)
-    except Exception as e:  # noqa: BLE001 - a pmap XLA cannot compile without devices
-        if kind != "pmap":
-            raise
-        note = f"pmap did not compile without devices ({type(e).__name__}); planned shard_map"
-        kind = "shard_map"
-        first = compile_rows(rows)
+    first = compile_rows(rows)
     state = abstract_state(model, config)
     train = _train_entry(first, rows, length, state, gpu)
     train |= {"usable_bytes": usable, "fits": first.total_bytes <= usable}
@@ -185,8 +178,6 @@ def make_plan(
         "train": train,
         "estimate": estimate(gpu, model, first, rows, length, hosts),
     }
-    if note:
-        plan["pmap_note"] = note
     if fit:
         plan["fit"] = _fit(compile_rows, first, rows, usable)
         best = plan["fit"]["max_rows_per_device"]
@@ -228,7 +219,6 @@ def format_plan(plan: dict[str, Any]) -> str:
         f"{plan['gpu']} x {plan['devices']} (topology {plan['topology']}), {plan['parallel']}, "
         f"{plan['dtype']} (products {plan['products']}), attention "
         f"{plan['attention_impl']}, grad_accum_steps {plan['grad_accum_steps']}",
-        *([plan["pmap_note"]] if "pmap_note" in plan else []),
         f"{program}, per device: {train['rows_per_device']} x {train['length']} tokens "
         f"(source and target each; the largest bucket), compiled in {train['compile_s']} s",
         f"  parameters {_gib(train['param_bytes'])} + optimizer {_gib(train['optimizer_bytes'])}"

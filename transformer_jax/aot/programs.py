@@ -66,9 +66,12 @@ def gpu_devices(gpu: Gpu, topology: str) -> list[Any]:
             "compiling for a GPU without one needs JAX's CUDA plugin of the installed jax: "
             "pip install -e '.[gpu-aot]' (README, GPUs)"
         )
-    desc = topologies.get_topology_desc(
-        platform="cuda", target_config=target_config(gpu), topology=topology
-    )
+    try:
+        desc = topologies.get_topology_desc(
+            platform="cuda", target_config=target_config(gpu), topology=topology
+        )
+    except (RuntimeError, NotImplementedError) as e:  # the plugin's refusal, one line
+        raise ValueError(f"--topology {topology!r}: {str(e).splitlines()[0]}") from None
     return list(desc.devices)
 
 
@@ -173,7 +176,7 @@ def train_program(
         label_smoothing_convention=config.train.label_smoothing_convention,
     )
     state = abstract_state(model, config)
-    buffers = jax.eval_shape(zero_accumulator, state.params)  # per device: [n, ...]
+    buffers = jax.eval_shape(zero_accumulator, state.params)  # one device's; stacked below
     keys = ("src", "tgt_in", "tgt_out")
     if kind == "pmap":
         with_sharding = lambda x: _spec(x.shape, x.dtype)  # noqa: E731
