@@ -214,7 +214,7 @@ def pytest_collection_modifyitems(config, items):
 
 # What -m deselected, counted in the summary: pytest-xdist's workers deselect, and the
 # controller's summary line would not show it.
-EXCLUDED_MARKERS = ("slow", "integration", "benchmark_internals")
+EXCLUDED_MARKERS = ("slow", "integration", "benchmark_internals", "gpu_aot")
 _deselected: dict[str, str] = {}  # node id -> the marker that excluded it
 
 
@@ -239,5 +239,5 @@ def pytest_terminal_summary(terminalreporter, config):
         parts = ", ".join(f"{n} {marker}" for marker, n in sorted(counts.items()))
         terminalreporter.write_line(
             f"deselected {len(_deselected)} tests ({parts}): run them with -m slow, "
-            "-m integration, -m benchmark_internals"
+            "-m integration, -m benchmark_internals, -m gpu_aot"
         )

@@ -613,3 +613,14 @@ def test_the_benchmarks_readme_shows_each_current_table_within_200_lines():
     assert {r["benchmark"] for r in current} >= {"train_throughput", "quality"}
     missing = [r["title"] for r in current if tables.render(r) not in readme]
     assert not missing, "python benchmarks/tables.py --current prints them"
+
+
+@pytest.mark.slow  # two programs and a beam search compiled
+def test_gpu_check_smoke(tmp_path):
+    out = tmp_path / "gpu.json"
+    payload = _script("gpu_check").main(["--smoke", "--json", str(out)])
+    (train,) = payload["train"]
+    (decode,) = payload["decode"]
+    assert train["config"] == "tiny" and train["tokens_per_s"] > 0 and train["plan_memory_gib"] > 0
+    assert decode["sentences_per_s"] > 0
+    assert json.loads(out.read_text())["device"] == payload["device"]

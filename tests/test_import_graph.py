@@ -52,6 +52,7 @@ CLI_SHIMS = {
     "transformer_jax.average",
     "transformer_jax.train",
     "transformer_jax.download",
+    "transformer_jax.plan",
 }
 # Leaf modules hold the ids and enums that others validate against: they import no other
 # package module except other leaves (modules that import nothing from the package).

@@ -119,13 +119,14 @@ def run_schedule(config: ml_collections.ConfigDict, model_config: TransformerCon
     return with_cooldown(paper, train.num_steps, train.cooldown_steps)
 
 
-def init_state(model_config: TransformerConfig, config: ml_collections.ConfigDict) -> TrainState:
-    """Fresh parameters (host numpy) and Adam state for ``config``."""
+def new_state(model_config: TransformerConfig, config: ml_collections.ConfigDict) -> TrainState:
+    """Fresh parameters and Adam state for ``config``, traceable (``jax.eval_shape`` gives
+    the state's shapes without making it)."""
     model = Transformer(model_config)
     key = jax.random.PRNGKey(config.train.seed)
     init_key, dropout_key = jax.random.split(key)
     dummy = jnp.ones((1, 8), jnp.int32)
-    params = jax.jit(lambda k: model.init(k, dummy, dummy)["params"])(init_key)
+    params = model.init(init_key, dummy, dummy)["params"]
     tx = transformer_optimizer(
         run_schedule(config, model_config),
         config.train.adam_b1,
@@ -133,7 +134,12 @@ def init_state(model_config: TransformerConfig, config: ml_collections.ConfigDic
         config.train.adam_eps,
         config.train.weight_decay,
     )
-    return jax.device_get(create_train_state(params, tx, dropout_key))
+    return create_train_state(params, tx, dropout_key)
+
+
+def init_state(model_config: TransformerConfig, config: ml_collections.ConfigDict) -> TrainState:
+    """Fresh parameters and Adam state for ``config`` (host numpy)."""
+    return jax.device_get(jax.jit(lambda: new_state(model_config, config))())
 
 
 @dataclasses.dataclass

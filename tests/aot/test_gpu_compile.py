@@ -1,0 +1,83 @@
+"""The GPU programs compiled for H100s without a GPU (``pytest -m gpu_aot``; CI's step).
+
+Each test compiles a real program of ``configs/base.py`` or ``configs/big.py`` for one
+or eight H100s (:mod:`transformer_jax.aot.programs`) and checks the optimized module:
+it compiles; cuDNN attention is there exactly where asked (forward and backward of every
+attention sub-layer); the per-device memory is under the GPU's; no host transfer and no
+``optimization_barrier``; float32 products at HIGHEST; the eight-GPU step all-reduces.
+Without JAX's CUDA plugin (``pip install -e '.[gpu-aot]'``) every test skips.
+"""
+
+import importlib.util
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from transformer_jax.aot import programs
+from transformer_jax.aot.gpus import GPUS
+from transformer_jax.training.validation import validate_config
+
+pytestmark = [
+    pytest.mark.gpu_aot,
+    pytest.mark.skipif(
+        not programs.plugin_available(), reason="JAX's CUDA plugin is absent: .[gpu-aot]"
+    ),
+]
+H100 = GPUS["h100"]
+ROWS, LENGTH = 8, 64  # per device
+
+
+def run_config(name, arithmetic):
+    spec = importlib.util.spec_from_file_location(name, f"configs/{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.get_config()
+    config.model.platform = "gpu"
+    if arithmetic == "bfloat16-cudnn":
+        config.model.dtype = "bfloat16"
+        config.model.attention_impl = "cudnn"
+    return config, validate_config(config)
+
+
+def check(compiled, model, calls):
+    """The assertions every compiled program passes; ``calls``: the cuDNN attention calls
+    expected with ``attention_impl='cudnn'``."""
+    hlo = compiled.hlo
+    assert hlo["host_transfers"] == 0 and hlo["optimization_barriers"] == 0, hlo
+    assert compiled.total_bytes < H100.memory_bytes, compiled
+    expected = calls if model.attention_impl == "cudnn" else 0
+    assert hlo["cudnn_attention_calls"] == expected, hlo
+    if model.matmul_precision == "float32" and jnp.dtype(model.dtype) == jnp.float32:
+        assert hlo["dots"] > 0 and hlo["dots_below_highest"] == 0, hlo
+
+
+@pytest.mark.parametrize(
+    "name,arithmetic,kind,topology",
+    [
+        ("base", "bfloat16-cudnn", "shard_map", "1x1x8"),
+        ("base", "float32", "pmap", "1x1x1"),
+        ("big", "bfloat16-cudnn", "pmap", "1x1x8"),
+        ("big", "float32", "shard_map", "1x1x1"),
+    ],
+)
+def test_train_step_compiles_for_h100s(name, arithmetic, kind, topology):
+    config, model = run_config(name, arithmetic)
+    devices = programs.gpu_devices(H100, topology)
+    compiled = programs.train_program(model, config, devices, ROWS * len(devices), LENGTH, kind)
+    sublayers = model.num_encoder_layers + 2 * model.num_decoder_layers
+    check(compiled, model, calls=2 * sublayers)  # forward and backward
+    reduced = compiled.hlo["collectives"].get("all-reduce", {"count": 0, "bytes": 0})
+    if len(devices) > 1:  # the gradients' sum over the devices
+        params = programs.abstract_state(model, config).params
+        assert reduced["bytes"] >= sum(x.size * 4 for x in jax.tree.leaves(params)), reduced
+    else:
+        assert reduced["count"] == 0, compiled.hlo
+
+
+@pytest.mark.parametrize("arithmetic", ["bfloat16-cudnn", "float32"])
+def test_beam_search_compiles_for_an_h100(arithmetic):
+    config, model = run_config("base", arithmetic)
+    device = programs.gpu_devices(H100, "1x1x1")[0]
+    compiled = programs.decode_program(model, config, device, 16, 64)
+    check(compiled, model, calls=model.num_encoder_layers + 2 * model.num_decoder_layers)

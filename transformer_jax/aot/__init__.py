@@ -1,0 +1,1 @@
+"""Ahead-of-time compilation for GPUs without one: target configs, programs, the plan."""

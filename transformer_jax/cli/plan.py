@@ -1,0 +1,93 @@
+"""Plan a run on GPUs from a CPU host: its programs compiled for GPUs that are not there.
+
+    python -m transformer_jax.plan --config configs/base.py --gpu h100 --topology 1x1x8 \\
+        [--config.model.dtype=bfloat16 --config.model.attention_impl=cudnn] [--json PATH]
+
+Compiles the training step ``train.py`` would run (``train.parallel``'s pmap or shard_map
+over the topology's GPUs, the config's dtype, attention and batch shapes) and beam search,
+and prints per GPU: parameter, optimizer and temporary memory against the GPU's, the
+largest ``data.tokens_per_batch`` that fits, the collectives and cuDNN attention calls of
+the program, and a roofline estimate of the step time. ``--json`` writes the plan (keys:
+:mod:`transformer_jax.aot.plan`). Needs JAX's CUDA plugin (``pip install -e
+'.[gpu-aot]'``); run with ``JAX_PLATFORMS=cpu``. Topologies: ``HOSTSxPROCESSESxGPUS``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from transformer_jax.aot.gpus import GPUS
+from transformer_jax.aot.plan import DEFAULT_MEMORY_FRACTION, format_plan, make_plan
+from transformer_jax.cli import train as train_cli
+
+FLAGS = flags.FLAGS
+
+
+def _define_flags() -> None:
+    config_flags.DEFINE_config_file(
+        "config",
+        train_cli.DEFAULT_CONFIG,
+        "Run configuration file; override any field with --config.SECTION.FIELD=VALUE.",
+    )
+    flags.DEFINE_enum("gpu", "h100", sorted(GPUS), "The GPU to compile for.")
+    flags.DEFINE_string("topology", "1x1x1", "HOSTSxPROCESSESxGPUS, e.g. 1x1x8 or 2x1x8.")
+    flags.DEFINE_string("json", None, "Write the plan here as JSON.")
+    flags.DEFINE_integer("decode_batch", 64, "Beam search's sentences (0: no decoding plan).")
+    flags.DEFINE_integer("decode_src_len", 128, "Beam search's source length (tokens).")
+    flags.DEFINE_float("memory_fraction", DEFAULT_MEMORY_FRACTION, "Usable share of memory.")
+    flags.DEFINE_bool("fit", True, "Find the largest data.tokens_per_batch that fits.")
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+    """absl's parsing, with this docstring and the flags for ``--help``, and one line for a
+    bad flag or config."""
+    if {"-h", "--help"} & set(argv[1:]):
+        print(f"{__doc__}\nflags:\n{FLAGS.module_help(FLAGS.find_module_defining_flag('gpu'))}")
+        sys.exit(0)
+    try:
+        return FLAGS(argv)
+    except flags.Error as e:
+        train_cli._fail(str(e).strip().splitlines()[-1], train_cli.EXIT_USAGE)
+    except (KeyError, AttributeError, TypeError, ValueError) as e:
+        train_cli._config_error(e)
+
+
+def _plan(argv: list[str]) -> None:
+    if len(argv) > 1:
+        train_cli._fail(f"unexpected arguments: {argv[1:]}", train_cli.EXIT_USAGE)
+    config = train_cli._load_config()
+    folder = os.path.dirname(os.path.abspath(FLAGS.json)) if FLAGS.json else None
+    if folder and not os.path.isdir(folder):  # before minutes of compiling
+        train_cli._fail(f"--json: folder {folder!r} does not exist", train_cli.EXIT_USAGE)
+    try:
+        plan = make_plan(
+            config,
+            FLAGS.gpu,
+            FLAGS.topology,
+            decode_batch=FLAGS.decode_batch,
+            decode_src_len=FLAGS.decode_src_len,
+            memory_fraction=FLAGS.memory_fraction,
+            fit=FLAGS.fit,
+            log=lambda line: print(line, file=sys.stderr, flush=True),
+        )
+    except ValueError as e:
+        train_cli._fail(str(e), train_cli.EXIT_ERROR)
+    print(format_plan(plan))
+    if FLAGS.json:
+        with open(FLAGS.json, "w") as f:
+            json.dump(plan, f, indent=2)
+
+
+def main() -> None:
+    """``python -m transformer_jax.plan``: parse sys.argv, plan, print."""
+    _define_flags()
+    app.run(_plan, flags_parser=_parse_flags)
+
+
+if __name__ == "__main__":
+    main()
