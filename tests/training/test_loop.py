@@ -20,7 +20,7 @@ from transformer_jax.cli.common import load
 from transformer_jax.cli.translate import main as translate_main
 from transformer_jax.data import pipeline
 from transformer_jax.kernels import vectors
-from transformer_jax.training import checkpoints
+from transformer_jax.training import checkpoints, loop
 from transformer_jax.training.logs import read_metrics
 from transformer_jax.training.loop import train_and_evaluate
 from transformer_jax.training.signals import Signals
@@ -216,6 +216,36 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run_and_sigterm_saves(prep
     assert code == 0, out
     assert f"resuming from the checkpoint at step {stopped_at}" in out
     assert losses(workdir) == losses(reference)  # exact: same batches, same dropout keys
+
+
+def test_the_first_record_after_a_resume_covers_the_whole_log_interval(
+    prepared, tmp_path, monkeypatch
+):
+    """checkpoint_every=3, log_every=2: a run stopped at step 3 and resumed logs at step 4
+    the mean of steps 3 and 4, as the uninterrupted run does."""
+    config, _ = micro_config(tmp_path, steps=6, every=3)
+    config.train.log_every = 2
+    reference = workdir_from(prepared, tmp_path / "reference")
+    train_and_evaluate(config, reference)
+    workdir = workdir_from(prepared, tmp_path / "resumed")
+    update = loop._Trainer.update
+
+    def update_then_sigterm(self, step):
+        update(self, step)
+        if step == 2:  # shared with the other processes' requests at the next step
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(loop._Trainer, "update", update_then_sigterm)
+    assert train_and_evaluate(config, workdir)["step"] == 3
+    monkeypatch.setattr(loop._Trainer, "update", update)
+    assert train_and_evaluate(config, workdir)["complete"]
+
+    def records(path):
+        kept = [r for r in read_metrics(path) if "loss" in r]
+        return [{k: v for k, v in r.items() if k != "tokens_per_sec"} for r in kept]
+
+    assert [r["step"] for r in records(workdir)] == [2, 4, 6]
+    assert records(workdir) == records(reference)
 
 
 LATE_SIGTERM = """

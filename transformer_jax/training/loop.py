@@ -39,6 +39,8 @@ from transformer_jax.training.signals import Handler, Signals
 from transformer_jax.training.validation import validate_config
 from transformer_jax.training.workdir import lock_workdir
 
+WINDOW_KEY = "metrics_window"  # in a checkpoint's ``data`` item: the open log window's sums
+
 
 def train_and_evaluate(
     config: ml_collections.ConfigDict, workdir: str, *, sigterm_after: Handler | None = None
@@ -68,15 +70,17 @@ def _train_and_evaluate(
         print("its final evaluation is missing")
     elif run.start:
         print(f"resuming from the checkpoint at step {run.start}")
+    data_state = dict(run.data_state or {})
+    window = data_state.pop(WINDOW_KEY, None)  # the metrics of the steps since the last log
     train_iter = data_lib.train_iterator(
-        config.data, workdir, run.tokenizer, jax.device_count(), run.data_state
+        config.data, workdir, run.tokenizer, jax.device_count(), data_state or None
     )
     info = run_info(config, run.tokenizer.vocab_size, train_iter)
     if jax.process_index() == 0:
         write_run_info(workdir, info)
     print(describe_run_info(info))
     evaluator = Evaluator(config, workdir, run.dp, run.model_config, run.tokenizer)
-    trainer = _Trainer(run, train_iter, evaluator)
+    trainer = _Trainer(run, train_iter, evaluator, window)
     # Until the run and its final evaluation are saved, a SIGTERM waits for them: every
     # process finishes the same steps and collectives (a second Ctrl-C still stops at once).
     with Signals(sigterm_after) as signals:
@@ -115,12 +119,18 @@ class _Trainer:
     except at log, checkpoint and evaluation steps.
     """
 
-    def __init__(self, run: Run, train_iter: data_lib.TrainIterator, evaluator: Evaluator):
+    def __init__(
+        self,
+        run: Run,
+        train_iter: data_lib.TrainIterator,
+        evaluator: Evaluator,
+        window: dict[str, float] | None = None,
+    ):
         self.run, self.config, self.dp = run, run.config, run.dp
         self.train_iter, self.evaluator = train_iter, evaluator
         self.schedule = run_schedule(run.config, run.model_config)
         self.writer = MetricsWriter(run.workdir, run.start, enabled=jax.process_index() == 0)
-        self.window = MetricsWindow()
+        self.window = MetricsWindow(window)
         self.state = self.dp.replicate(run.state)
         self.step = run.start
         self.pending: tuple[int, dict] | None = None
@@ -206,7 +216,8 @@ class _Trainer:
 
     def save(self) -> None:
         host = self.dp.unreplicate(self.state)
-        self.run.checkpointer.save_state(host, self.train_iter.get_state())
+        data = {**self.train_iter.get_state(), WINDOW_KEY: self.window.state()}
+        self.run.checkpointer.save_state(host, data)
 
     def snapshot(self) -> str:
         """Save the current parameters in ``{workdir}/snapshots/{step}``; what was done."""
