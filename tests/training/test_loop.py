@@ -418,7 +418,21 @@ def test_bad_config_values_name_the_field(tmp_path, field, value, message):
         validate_config(config)
 
 
-def test_train_py_prints_bad_config_without_traceback(tmp_path):
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["--config.train.parallel=tpu"], "train.parallel must be one of"),
+        (["--config.model.platform=metal"], "model.platform must be one of"),
+        (["--config.model.platform=gpu"], "model.platform='gpu' but JAX runs on 'cpu'"),
+        (["--config.model.platform=tpu"], "model.platform='tpu' but JAX runs on 'cpu'"),
+        (
+            ["--config.model.attention_impl=cudnn", "--config.model.dtype=bfloat16"],
+            "model.attention_impl='cudnn' needs a GPU",
+        ),
+        (["--config.model.vocab_size=2000000000"], "parameters (model.vocab_size=2000000000"),
+    ],
+)
+def test_train_py_prints_bad_config_without_traceback(tmp_path, overrides, message):
     _, config_path = micro_config(tmp_path)
     env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
     proc = subprocess.run(
@@ -427,16 +441,32 @@ def test_train_py_prints_bad_config_without_traceback(tmp_path):
             os.path.join(ROOT, "train.py"),
             f"--config={config_path}",
             f"--workdir={tmp_path / 'run'}",
-            "--config.train.parallel=tpu",
+            *overrides,
         ],
         env=env,
         capture_output=True,
         text=True,
         timeout=120,
     )
-    assert proc.returncode != 0
-    assert "train.parallel must be one of" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.returncode == 1, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("error: ") and message in line
     assert not os.path.exists(tmp_path / "run")
+
+
+@pytest.mark.parametrize("when", ["while train.py imports", "once the workdir exists"])
+def test_a_sigterm_during_start_up_exits_75(tmp_path, when):
+    _, config_path = micro_config(tmp_path, steps=100000, every=100000)
+    workdir = tmp_path / "run"
+    proc = run_train(config_path, workdir, wait=False)
+    if when == "once the workdir exists":
+        wait_for(workdir.exists, proc)
+    else:
+        time.sleep(0.3)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 75, out
+    assert "Traceback" not in out
 
 
 def test_tfds_source_end_to_end_with_mock_data(tmp_path):

@@ -14,10 +14,11 @@ a run's resolved config is ``{workdir}/config.json``.
 
 Exit codes: 0 trained and evaluated (or already complete); 1 an error, printed as one line
 (a bad config value or file, data, a non-finite loss, a full disk); 2 a bad command line;
-75 stopped by SIGTERM (preempted) after saving a checkpoint: rerun to resume; 130 stopped by
-Ctrl-C (SIGINT; saved like SIGTERM, a second Ctrl-C stops at once). A SIGTERM after the last
-step lets the final evaluation finish (exit 0); once the run is saved, further SIGTERMs are
-ignored while the process exits.
+75 stopped by
+SIGTERM (preempted, at any point; once training started, after saving a checkpoint): rerun
+to resume; 130 stopped by Ctrl-C (SIGINT; saved like SIGTERM, a second Ctrl-C stops at
+once). A SIGTERM after the last step lets the final evaluation finish (exit 0); once the
+run is saved, further SIGTERMs are ignored while the process exits.
 """
 
 from __future__ import annotations
@@ -146,8 +147,8 @@ def _train(argv: list[str]) -> None:
     workdir = FLAGS.workdir or os.path.join("runs", name)
     logging.set_verbosity(logging.WARNING)  # Orbax logs every file it writes at INFO
     _quiet_orbax()
-    configure_process(config.model.platform)  # CPU runtime settings; before JAX starts
     try:
+        configure_process(config.model.platform)  # CPU runtime settings; before JAX starts
         distributed.initialize(
             FLAGS.multihost,
             coordinator_address=FLAGS.coordinator_address,
@@ -161,12 +162,24 @@ def _train(argv: list[str]) -> None:
         _fail(str(e), EXIT_ERROR)
     except KeyboardInterrupt:
         _fail("interrupted (a second Ctrl-C): the last checkpoint is kept", EXIT_INTERRUPTED)
+    except _Preempted:
+        _fail("SIGTERM before training started: nothing to save; rerun to start", EXIT_PREEMPTED)
     if not result["complete"]:
         sys.exit(_STOPPED[result["stopped_by"]])
 
 
+class _Preempted(BaseException):
+    """SIGTERM before the training loop takes it over (not an Exception: no handler of a
+    failed read may take it for one)."""
+
+
+def _preempted(signum: int, frame: Any) -> NoReturn:
+    raise _Preempted
+
+
 def main() -> None:
     """``python train.py`` / ``python -m transformer_jax.train``: parse sys.argv, train, exit."""
+    signal.signal(signal.SIGTERM, _preempted)  # until the loop's own handler: exit 75 too
     _define_flags()
     app.run(_train, flags_parser=_parse_flags)
 

@@ -16,13 +16,12 @@ import sys
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 from transformer_jax.model.config import from_config_dict
-from transformer_jax.model.transformer import Transformer
+from transformer_jax.model.transformer import parameter_shapes
 from transformer_jax.training.distributed import any_process
 from transformer_jax.training.integrity import (
     abandon_failed_reads,
@@ -120,10 +119,8 @@ class Checkpointer:
             raise self._failed(e) from None
 
     def _failed(self, error: Exception) -> OSError:
-        first = str(error).splitlines()[0][:300] if str(error) else ""
         return OSError(
-            f"saving checkpoint {self.saving} in {self.directory} failed: "
-            f"{type(error).__name__}: {first}"
+            f"saving checkpoint {self.saving} in {self.directory} failed: {_reason(error)}"
         )
 
     def describe_newest(self) -> str:
@@ -239,6 +236,21 @@ class Checkpointer:
             self.manager = None
 
 
+def _reason(error: BaseException) -> str:
+    """The OS's reason for ``error`` (an OSError it was raised from: "No space left on
+    device"), else its first line, its middle cut if long (the end often names the cause)."""
+    cause: BaseException | None = error
+    while cause is not None:
+        if isinstance(cause, OSError) and cause.strerror:
+            where = f" ({cause.filename})" if cause.filename else ""
+            return f"{type(cause).__name__}: {cause.strerror}{where}"
+        cause = cause.__cause__ or cause.__context__
+    first = str(error).splitlines()[0] if str(error) else ""
+    if len(first) > 600:
+        first = f"{first[:200]} ... {first[-400:]}"
+    return f"{type(error).__name__}: {first}"
+
+
 def list_steps(workdir: str, kind: str = CHECKPOINT_DIR) -> list[int]:
     """Steps of the complete checkpoints in ``{workdir}/{kind}`` (``checkpoints`` or
     ``snapshots``), ascending."""
@@ -316,15 +328,6 @@ def _restore_params(directory: str, step: int | None, expected: dict | None) -> 
         manager.close()
 
 
-def _expected_shapes(config: ml_collections.ConfigDict) -> dict[str, tuple[int, ...]]:
-    """The shapes of the parameters of the model ``config.model`` describes, by path."""
-    model = Transformer(from_config_dict(config.model))
-    dummy = jax.ShapeDtypeStruct((1, 8), jnp.int32)
-    key = jax.ShapeDtypeStruct((2,), jnp.uint32)
-    tree = jax.eval_shape(lambda k, s, t: model.init(k, s, t)["params"], key, dummy, dummy)
-    return shapes(tree)
-
-
 def load_config(workdir: str) -> ml_collections.ConfigDict:
     """The resolved run config saved by ``train.py`` in ``{workdir}/config.json``."""
     path = os.path.join(workdir, CONFIG_FILE)
@@ -363,7 +366,7 @@ def load_run(
     """
     checkpoint = parse_checkpoint(checkpoint)
     config = load_config(workdir)
-    expected = _expected_shapes(config)
+    expected = shapes(parameter_shapes(from_config_dict(config.model)))
     if checkpoint == "averaged":
         directory, step = os.path.join(workdir, AVERAGED_DIR), None
     elif checkpoint == "latest" or isinstance(checkpoint, int):

@@ -36,7 +36,7 @@ from transformer_jax.training.logs import (
 )
 from transformer_jax.training.run import Run, run_schedule, start_run
 from transformer_jax.training.signals import Handler, Signals
-from transformer_jax.training.validation import validate_config
+from transformer_jax.training.validation import check_host, validate_config
 from transformer_jax.training.workdir import lock_workdir
 
 WINDOW_KEY = "metrics_window"  # in a checkpoint's ``data`` item: the open log window's sums
@@ -50,6 +50,7 @@ def train_and_evaluate(
     'complete': False, 'stopped_by': 'SIGTERM'}`` when a signal stopped it. SIGTERM's handler
     once training has stopped is ``sigterm_after``, by default the one it had before."""
     model_config = validate_config(config)  # before the workdir is created
+    check_host(model_config)
     with entered_by_process_zero(lambda: lock_workdir(workdir)):  # refused on every process
         return _train_and_evaluate(config, model_config, workdir, sigterm_after)
 
