@@ -28,12 +28,13 @@ import signal
 import sys
 from typing import Any, NoReturn
 
+import jax
 import ml_collections
 from absl import app, flags, logging
 from ml_collections import config_flags
 
 from transformer_jax.kernels import configure_process
-from transformer_jax.training import distributed
+from transformer_jax.training import distributed, peers
 from transformer_jax.training.loop import train_and_evaluate
 
 EXIT_ERROR, EXIT_USAGE, EXIT_PREEMPTED, EXIT_INTERRUPTED = 1, 2, 75, 130
@@ -83,6 +84,18 @@ def _define_flags() -> None:
     flags.DEFINE_integer("num_processes", None, "Processes in the run (implies --multihost).")
     flags.DEFINE_integer(
         "process_id", None, "This process's index, 0 to num_processes - 1 (implies --multihost)."
+    )
+    flags.DEFINE_float(
+        "initialization_timeout",
+        30,
+        "Seconds for every process of a multi-host run to connect and agree on its launch.",
+        lower_bound=1,
+    )
+    flags.DEFINE_float(
+        "peer_timeout",
+        30,
+        "Seconds a process of a multi-host run may go unheard before every process stops.",
+        lower_bound=1,
     )
 
 
@@ -147,25 +160,45 @@ def _train(argv: list[str]) -> None:
     workdir = FLAGS.workdir or os.path.join("runs", name)
     logging.set_verbosity(logging.WARNING)  # Orbax logs every file it writes at INFO
     _quiet_orbax()
+    multihost = False
     try:
         configure_process(config.model.platform)  # CPU runtime settings; before JAX starts
-        distributed.initialize(
+        multihost = distributed.initialize(
             FLAGS.multihost,
+            FLAGS.initialization_timeout,
+            FLAGS.peer_timeout,
             coordinator_address=FLAGS.coordinator_address,
             num_processes=FLAGS.num_processes,
             process_id=FLAGS.process_id,
         )
+        if multihost:
+            peers.agree(config, FLAGS.num_processes, FLAGS.initialization_timeout)
+            finished = peers.watch(FLAGS.peer_timeout)
         # Once training stops the run is saved: a late SIGTERM (a launcher signals each task,
         # steps apart) must not kill this process while it shuts down, its peers waiting.
         result = train_and_evaluate(config, workdir, sigterm_after=signal.SIG_IGN)
-    except (ValueError, FloatingPointError, OSError) as e:
+    except (ValueError, FloatingPointError, OSError, RuntimeError) as e:
+        if multihost:  # its peers may be lost: no waiting for them on the way out
+            distributed.end(peers.describe(e))
+        if isinstance(e, RuntimeError):
+            raise
         _fail(str(e), EXIT_ERROR)
     except KeyboardInterrupt:
-        _fail("interrupted (a second Ctrl-C): the last checkpoint is kept", EXIT_INTERRUPTED)
+        _stop("interrupted (a second Ctrl-C): the last checkpoint is kept", EXIT_INTERRUPTED)
     except _Preempted:
-        _fail("SIGTERM before training started: nothing to save; rerun to start", EXIT_PREEMPTED)
+        _stop("SIGTERM before training started: nothing to save; rerun to start", EXIT_PREEMPTED)
+    if multihost:
+        finished.set()
     if not result["complete"]:
         sys.exit(_STOPPED[result["stopped_by"]])
+
+
+def _stop(message: str, code: int) -> NoReturn:
+    """Stop a run by a signal: one line; a multi-host run's process without waiting for
+    its peers at JAX's shutdown (they may be gone)."""
+    if jax.distributed.is_initialized():
+        distributed.end(message, code)
+    _fail(message, code)
 
 
 class _Preempted(BaseException):
