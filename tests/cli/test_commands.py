@@ -179,6 +179,7 @@ def damaged(workdir, tmp_path):
     """The workdir with one bit flipped in its newest checkpoint's parameters."""
     path = tmp_path / "damaged"
     shutil.copytree(workdir, path)
+    shutil.rmtree(path / "averaged", ignore_errors=True)  # written by other tests
     flip_a_byte(path / CHECKPOINT_DIR / str(STEPS[-1]) / "params")
     return str(path)
 
