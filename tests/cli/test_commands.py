@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import ROOT
+from conftest import ROOT, flip_a_bit
 
 from transformer_jax import Transformer
 from transformer_jax.cli.average import average_params
@@ -165,22 +165,13 @@ def test_bleu_scores():
     assert tokenized_bleu(hyp, ref, "en").precisions[0] == 0.0
 
 
-def flip_a_byte(directory):
-    """Flip one bit in the middle of the largest file under ``directory``."""
-    paths = [os.path.join(b, n) for b, _, names in os.walk(directory) for n in names]
-    path = max(paths, key=os.path.getsize)
-    data = bytearray(open(path, "rb").read())
-    data[len(data) // 2] ^= 0x10
-    open(path, "wb").write(bytes(data))
-
-
 @pytest.fixture
 def damaged(workdir, tmp_path):
     """The workdir with one bit flipped in its newest checkpoint's parameters."""
     path = tmp_path / "damaged"
     shutil.copytree(workdir, path)
     shutil.rmtree(path / "averaged", ignore_errors=True)  # written by other tests
-    flip_a_byte(path / CHECKPOINT_DIR / str(STEPS[-1]) / "params")
+    flip_a_bit(path / CHECKPOINT_DIR / str(STEPS[-1]) / "params")
     return str(path)
 
 
@@ -219,7 +210,7 @@ def test_a_damaged_average_is_refused_and_other_shapes_named(workdir, tmp_path, 
     run = tmp_path / "run"
     shutil.copytree(workdir, run)
     assert average_main(["--workdir", str(run), "--last", "2"]) == 0
-    flip_a_byte(run / "averaged")
+    flip_a_bit(run / "averaged")
     src = write(tmp_path / "src.txt", ["The cat sits on the mat."])
     assert translate_main(["--workdir", str(run), "--input", src, "--checkpoint", "averaged"])
     assert "checksum mismatch" in capsys.readouterr().err

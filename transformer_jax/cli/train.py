@@ -8,7 +8,9 @@ overridden with ``--config.<section>.<field>=value``; the workdir defaults to
 ``runs/<config file name>``. Rerunning resumes from the last checkpoint. ``--multihost``
 starts one process of a run over several hosts (README, Multi-host):
 ``--coordinator_address``, ``--num_processes`` and ``--process_id``, or what SLURM, Open MPI
-or Kubernetes tell JAX; each process trains on its share of every batch. The config fields
+or Kubernetes tell JAX; each process trains on its share of every batch;
+``--initialization_timeout`` and ``--peer_timeout`` bound how long the processes wait for
+each other before every one stops with one line. The config fields
 and their defaults are in ``configs/tiny.py`` and ``transformer_jax/training/defaults.py``;
 a run's resolved config is ``{workdir}/config.json``.
 
