@@ -186,35 +186,26 @@ def _train(argv: list[str]) -> None:
             raise
         _fail(str(e), EXIT_ERROR)
     except KeyboardInterrupt:
-        _stop("interrupted (a second Ctrl-C): the last checkpoint is kept", EXIT_INTERRUPTED)
-    except _Preempted:
-        _stop("SIGTERM before training started: nothing to save; rerun to start", EXIT_PREEMPTED)
+        message = "interrupted (a second Ctrl-C): the last checkpoint is kept"
+        if jax.distributed.is_initialized():  # no waiting for the peers at JAX's shutdown
+            distributed.end(message, EXIT_INTERRUPTED)
+        _fail(message, EXIT_INTERRUPTED)
     if multihost:
         finished.set()
     if not result["complete"]:
         sys.exit(_STOPPED[result["stopped_by"]])
 
 
-def _stop(message: str, code: int) -> NoReturn:
-    """Stop a run by a signal: one line; a multi-host run's process without waiting for
-    its peers at JAX's shutdown (they may be gone)."""
-    if jax.distributed.is_initialized():
-        distributed.end(message, code)
-    _fail(message, code)
-
-
-class _Preempted(BaseException):
-    """SIGTERM before the training loop takes it over (not an Exception: no handler of a
-    failed read may take it for one)."""
-
-
-def _preempted(signum: int, frame: Any) -> NoReturn:
-    raise _Preempted
+def _preempted_at_start(signum: int, frame: Any) -> NoReturn:
+    """SIGTERM before the training loop takes it over: there is nothing to save yet, so the
+    process ends at once (as safe as a kill: every file is written whole or not at all)."""
+    os.write(2, b"error: SIGTERM before training started: nothing to save; rerun to start\n")
+    os._exit(EXIT_PREEMPTED)
 
 
 def main() -> None:
     """``python train.py`` / ``python -m transformer_jax.train``: parse sys.argv, train, exit."""
-    signal.signal(signal.SIGTERM, _preempted)  # until the loop's own handler: exit 75 too
+    signal.signal(signal.SIGTERM, _preempted_at_start)  # until the loop's own handler
     _define_flags()
     app.run(_train, flags_parser=_parse_flags)
 
