@@ -218,6 +218,7 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run_and_sigterm_saves(prep
     assert losses(workdir) == losses(reference)  # exact: same batches, same dropout keys
 
 
+@pytest.mark.slow
 def test_the_first_record_after_a_resume_covers_the_whole_log_interval(
     prepared, tmp_path, monkeypatch
 ):
