@@ -56,6 +56,16 @@ TINY_CONFIG = TransformerConfig(
 )
 
 
+def flip_a_bit(directory) -> None:
+    """Flip one bit in the middle of the largest file under ``directory`` (a damaged
+    checkpoint item)."""
+    paths = [os.path.join(b, n) for b, _, names in os.walk(directory) for n in names]
+    path = max(paths, key=os.path.getsize)
+    data = bytearray(open(path, "rb").read())
+    data[len(data) // 2] ^= 0x10
+    open(path, "wb").write(bytes(data))
+
+
 @pytest.fixture
 def tiny_config() -> TransformerConfig:
     return TINY_CONFIG

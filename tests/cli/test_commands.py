@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import ROOT
+from conftest import ROOT, flip_a_bit
 
 from transformer_jax import Transformer
 from transformer_jax.cli.average import average_params
@@ -163,6 +163,63 @@ def test_bleu_scores():
     hyp, ref = ["rich-text"], ["rich-Text"]
     assert tokenized_bleu(hyp, ref, "de").precisions[0] == pytest.approx(200 / 3)
     assert tokenized_bleu(hyp, ref, "en").precisions[0] == 0.0
+
+
+@pytest.fixture
+def damaged(workdir, tmp_path):
+    """The workdir with one bit flipped in its newest checkpoint's parameters."""
+    path = tmp_path / "damaged"
+    shutil.copytree(workdir, path)
+    shutil.rmtree(path / "averaged", ignore_errors=True)  # written by other tests
+    flip_a_bit(path / CHECKPOINT_DIR / str(STEPS[-1]) / "params")
+    return str(path)
+
+
+def test_a_damaged_newest_checkpoint_is_skipped_with_one_line(workdir, damaged, tmp_path, capsys):
+    source = write(tmp_path / "in.txt", ["The cat sits on the mat."])
+    assert translate_main(["--workdir", damaged, "--input", source, "--beam_size", "1"]) == 0
+    captured = capsys.readouterr()
+    (warning,) = captured.err.splitlines()
+    assert warning.startswith(f"warning: checkpoint {STEPS[-1]} in ") and "checksum" in warning
+    argv = ["--workdir", workdir, "--checkpoint", str(STEPS[-2]), "--input", source]
+    assert translate_main([*argv, "--beam_size", "1"]) == 0
+    assert captured.out == capsys.readouterr().out  # the previous checkpoint's translation
+    _, _, step = load_run(damaged)
+    assert step == STEPS[-2]
+
+
+@pytest.mark.parametrize("command", ["translate", "evaluate", "average"])
+def test_a_damaged_checkpoint_named_or_averaged_is_refused(damaged, tmp_path, capsys, command):
+    src = write(tmp_path / "src.txt", ["The cat sits on the mat."])
+    named = ["--checkpoint", str(STEPS[-1])]
+    argv = {
+        "translate": ["--workdir", damaged, "--input", src, *named],
+        "evaluate": ["--workdir", damaged, "--src", src, "--ref", src, *named],
+        "average": ["--workdir", damaged, "--last", "2"],
+    }[command]
+    main = {"translate": translate_main, "evaluate": evaluate_main, "average": average_main}
+    assert main[command](argv) != 0
+    captured = capsys.readouterr()
+    (line,) = captured.err.splitlines()
+    assert line.startswith(f"error: checkpoint {STEPS[-1]} in ") and "damaged" in line
+    assert "checksum mismatch in params" in line and captured.out == ""
+    assert not os.path.exists(os.path.join(damaged, "averaged"))
+
+
+def test_a_damaged_average_is_refused_and_other_shapes_named(workdir, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(workdir, run)
+    assert average_main(["--workdir", str(run), "--last", "2"]) == 0
+    flip_a_bit(run / "averaged")
+    src = write(tmp_path / "src.txt", ["The cat sits on the mat."])
+    assert translate_main(["--workdir", str(run), "--input", src, "--checkpoint", "averaged"])
+    assert "checksum mismatch" in capsys.readouterr().err
+    saved = (run / "config.json").read_text()
+    assert '"d_ff": 32' in saved
+    (run / "config.json").write_text(saved.replace('"d_ff": 32', '"d_ff": 64'))
+    assert translate_main(["--workdir", str(run), "--input", src]) == 2
+    err = capsys.readouterr().err
+    assert "holds other params arrays than config.json describes" in err and "shape" in err
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from transformer_jax.training.checkpoints import Checkpointer, list_steps
 from transformer_jax.training.optimizer import transformer_optimizer, transformer_schedule
@@ -66,3 +67,20 @@ def test_a_read_failing_while_restore_raises_is_dropped_and_others_pass(tmp_path
     assert seen == ["some other error"]
     assert (tmp_path / "checkpoints" / "4.unreadable").is_dir()
     checkpointer.close()
+
+
+@pytest.mark.parametrize("shape", ["raised from the OS error", "one long line"])
+def test_a_failed_save_names_the_os_reason_however_long_the_error(tmp_path, monkeypatch, shape):
+    checkpointer = Checkpointer(str(tmp_path), keep=3)
+    long = "Error writing local file " + "/very/long/path" * 40
+
+    def save(*args, **kwargs):
+        if shape == "one long line":  # the OS's reason only at the end
+            raise ValueError(f"{long} [OS error 28: No space left on device]")
+        raise ValueError(long) from OSError(28, "No space left on device", "/full/x")
+
+    monkeypatch.setattr(checkpointer.manager, "save", save)
+    with pytest.raises(OSError, match="saving checkpoint .* No space left on device") as e:
+        checkpointer.save_state(_state({"w": jnp.arange(3.0)}), {"position": 0})
+    assert len(str(e.value)) < 800 and "\n" not in str(e.value)
+    assert shape == "one long line" or str(e.value).endswith("(/full/x)")

@@ -20,7 +20,7 @@ from transformer_jax.cli.common import load
 from transformer_jax.cli.translate import main as translate_main
 from transformer_jax.data import pipeline
 from transformer_jax.kernels import vectors
-from transformer_jax.training import checkpoints
+from transformer_jax.training import checkpoints, loop
 from transformer_jax.training.logs import read_metrics
 from transformer_jax.training.loop import train_and_evaluate
 from transformer_jax.training.signals import Signals
@@ -218,6 +218,38 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run_and_sigterm_saves(prep
     assert losses(workdir) == losses(reference)  # exact: same batches, same dropout keys
 
 
+@pytest.mark.slow
+def test_the_first_record_after_a_resume_covers_the_whole_log_interval(
+    prepared, tmp_path, monkeypatch
+):
+    """checkpoint_every=3, log_every=2: a run stopped at step 3 and resumed logs at step 4
+    the mean of steps 3 and 4, as the uninterrupted run does."""
+    config, _ = micro_config(tmp_path, steps=6, every=3)
+    config.train.log_every = 2
+    reference = workdir_from(prepared, tmp_path / "reference")
+    train_and_evaluate(config, reference)
+    workdir = workdir_from(prepared, tmp_path / "resumed")
+    update = loop._Trainer.update
+
+    def update_then_sigterm(self, step):
+        update(self, step)
+        if step == 2:  # shared with the other processes' requests at the next step
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(loop._Trainer, "update", update_then_sigterm)
+    assert train_and_evaluate(config, workdir)["step"] == 3
+    monkeypatch.setattr(loop._Trainer, "update", update)
+    assert train_and_evaluate(config, workdir)["complete"]
+
+    def records(path):
+        kept = [r for r in read_metrics(path) if "loss" in r]
+        timings = ("tokens_per_sec", "host_wait")
+        return [{k: v for k, v in r.items() if k not in timings} for r in kept]
+
+    assert [r["step"] for r in records(workdir)] == [2, 4, 6]
+    assert records(workdir) == records(reference)
+
+
 LATE_SIGTERM = """
 import os, signal, sys
 from transformer_jax.cli import train as cli
@@ -388,7 +420,21 @@ def test_bad_config_values_name_the_field(tmp_path, field, value, message):
         validate_config(config)
 
 
-def test_train_py_prints_bad_config_without_traceback(tmp_path):
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["--config.train.parallel=tpu"], "train.parallel must be one of"),
+        (["--config.model.platform=metal"], "model.platform must be one of"),
+        (["--config.model.platform=gpu"], "model.platform='gpu' but JAX runs on 'cpu'"),
+        (["--config.model.platform=tpu"], "model.platform='tpu' but JAX runs on 'cpu'"),
+        (
+            ["--config.model.attention_impl=cudnn", "--config.model.dtype=bfloat16"],
+            "model.attention_impl='cudnn' needs a GPU",
+        ),
+        (["--config.model.vocab_size=2000000000"], "parameters (model.vocab_size=2000000000"),
+    ],
+)
+def test_train_py_prints_bad_config_without_traceback(tmp_path, overrides, message):
     _, config_path = micro_config(tmp_path)
     env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
     proc = subprocess.run(
@@ -397,16 +443,32 @@ def test_train_py_prints_bad_config_without_traceback(tmp_path):
             os.path.join(ROOT, "train.py"),
             f"--config={config_path}",
             f"--workdir={tmp_path / 'run'}",
-            "--config.train.parallel=tpu",
+            *overrides,
         ],
         env=env,
         capture_output=True,
         text=True,
         timeout=120,
     )
-    assert proc.returncode != 0
-    assert "train.parallel must be one of" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.returncode == 1, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("error: ") and message in line
     assert not os.path.exists(tmp_path / "run")
+
+
+@pytest.mark.parametrize("when", ["while train.py imports", "once the workdir exists"])
+def test_a_sigterm_during_start_up_exits_75(tmp_path, when):
+    _, config_path = micro_config(tmp_path, steps=100000, every=100000)
+    workdir = tmp_path / "run"
+    proc = run_train(config_path, workdir, wait=False)
+    if when == "once the workdir exists":
+        wait_for(workdir.exists, proc)
+    else:
+        time.sleep(1)  # importing JAX takes longer
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 75, out
+    assert "Traceback" not in out and "terminate called" not in out
 
 
 def test_tfds_source_end_to_end_with_mock_data(tmp_path):

@@ -455,3 +455,82 @@ def test_an_unreadable_checkpoint_is_set_aside_once_with_one_line_per_process(
         assert "resuming from the checkpoint at step 12" in out
     assert "16.unreadable" in os.listdir(workdir / "checkpoints")
     assert_same_run(workdir, reference)
+
+
+def start_each(launch, workdir, flags, timeout_flags=("--initialization_timeout=5",)):
+    """Start one ``train.py`` per entry of ``flags`` (its own launch flags)."""
+    command = [sys.executable, os.path.join(ROOT, "train.py"), f"--config={launch.config}"]
+    command += [f"--workdir={workdir}", *timeout_flags]
+    return [
+        launch._popen(command + list(own), launch.env(), f"{workdir}.{i}.log")
+        for i, own in enumerate(flags)
+    ]
+
+
+def assert_one_error_line(out, message):
+    errors = [line for line in out.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1 and errors[0].startswith("error: ") and message in errors[0], out
+    for noise in ("Traceback", "Check failure", "Terminating process", "F1"):
+        assert noise not in out, out
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    "case, messages",
+    [
+        ("--num_processes 3 and 2", ["did not all connect"] * 2),
+        (
+            "--num_processes 2 and 3",
+            ["--num_processes=2 here but 3 on process 1", "--num_processes=3 here but 2 on"],
+        ),
+        ("a wrong port for process 1", ["did not all connect"] * 2),
+        ("--process_id=0 twice", ["did not all connect"] * 2),
+        (
+            "another config on process 1",
+            ["train.num_steps=20 there, 16 here", "train.num_steps=16 there, 20 here"],
+        ),
+    ],
+)
+def test_a_launch_mistake_ends_every_process_with_one_line_in_seconds(tmp_path, case, messages):
+    launch = Launch(tmp_path)
+    address, wrong = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    flags = [[f"--coordinator_address={address}", "--num_processes=2", "--process_id=0"]]
+    flags.append(list(flags[0][:2]) + ["--process_id=1"])
+    if case == "--num_processes 3 and 2":
+        flags[0][1] = "--num_processes=3"
+    elif case == "--num_processes 2 and 3":
+        flags[1][1] = "--num_processes=3"
+    elif case == "a wrong port for process 1":
+        flags[1][0] = f"--coordinator_address={wrong}"
+    elif case == "--process_id=0 twice":
+        flags[1][2] = "--process_id=0"
+    else:
+        flags[1].append("--config.train.num_steps=20")
+    started = time.time()
+    outs = finish(start_each(launch, tmp_path / "run", flags), code=1, timeout=50)
+    assert time.time() - started < 45
+    for out, message in zip(outs, messages, strict=True):
+        assert_one_error_line(out, message)
+
+
+@pytest.mark.integration
+def test_a_killed_process_ends_the_others_with_one_line_in_seconds(tmp_path):
+    """Process 1 killed mid-run: process 0 ends with one line and exit 1 (a killed process 0,
+    the coordination service's host, still makes JAX's client abort the others)."""
+    killed = 1
+    launch = Launch(tmp_path)
+    address = f"127.0.0.1:{free_port()}"
+    workdir = tmp_path / "run"
+    flags = [
+        [f"--coordinator_address={address}", "--num_processes=2", f"--process_id={i}"]
+        for i in range(2)
+    ]
+    timeouts = ("--initialization_timeout=20", "--peer_timeout=3", "--config.train.num_steps=5000")
+    procs = start_each(launch, workdir, flags, timeouts)
+    wait_for(lambda: logged_step(workdir) >= 2, procs, timeout=50)
+    procs[killed].kill()
+    started = time.time()
+    survivor = procs[1 - killed]
+    survivor.wait(timeout=30)
+    assert time.time() - started < 15 and survivor.returncode == 1
+    assert_one_error_line(output(survivor), "lost")

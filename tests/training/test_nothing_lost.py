@@ -13,6 +13,7 @@ import sys
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+from conftest import flip_a_bit
 from test_loop import (  # noqa: F401 - fixtures
     ROOT,
     losses,
@@ -121,15 +122,6 @@ def test_a_checkpoint_of_other_shapes_is_a_mismatch_not_unreadable(trained, tmp_
     assert not any(
         "unreadable" in name for name in os.listdir(os.path.join(workdir, "checkpoints"))
     )
-
-
-def flip_a_bit(directory):
-    """Flip one bit in the middle of the largest file under ``directory``."""
-    paths = [os.path.join(b, n) for b, _, names in os.walk(directory) for n in names]
-    path = max(paths, key=os.path.getsize)
-    data = bytearray(open(path, "rb").read())
-    data[len(data) // 2] ^= 0x10
-    open(path, "wb").write(bytes(data))
 
 
 def tensorboard_steps(workdir, tag="loss"):

@@ -10,16 +10,19 @@ clone). Any config field can be overridden with ``--config.<section>.<field>=val
 workdir defaults to ``runs/<config name>``. Rerunning resumes from the last checkpoint.
 ``--multihost`` starts one process of a run over several hosts (README, Multi-host):
 ``--coordinator_address``, ``--num_processes`` and ``--process_id``, or what SLURM, Open MPI
-or Kubernetes tell JAX; each process trains on its share of every batch. The config fields
-and their defaults are in ``transformer_jax/configs/tiny.py`` and ``training/defaults.py``;
+or Kubernetes tell JAX; each process trains on its share of every batch;
+``--initialization_timeout`` and ``--peer_timeout`` bound how long the processes wait for
+each other before every one stops with one line. The config fields and their defaults are
+in ``transformer_jax/configs/tiny.py`` and ``training/defaults.py``;
 a run's resolved config is ``{workdir}/config.json``.
 
 Exit codes: 0 trained and evaluated (or already complete); 1 an error, printed as one line
 (a bad config value or file, data, a non-finite loss, a full disk); 2 a bad command line;
-75 stopped by SIGTERM (preempted) after saving a checkpoint: rerun to resume; 130 stopped by
-Ctrl-C (SIGINT; saved like SIGTERM, a second Ctrl-C stops at once). A SIGTERM after the last
-step lets the final evaluation finish (exit 0); once the run is saved, further SIGTERMs are
-ignored while the process exits.
+75 stopped by
+SIGTERM (preempted, at any point; once training started, after saving a checkpoint): rerun
+to resume; 130 stopped by Ctrl-C (SIGINT; saved like SIGTERM, a second Ctrl-C stops at
+once). A SIGTERM after the last step lets the final evaluation finish (exit 0); once the
+run is saved, further SIGTERMs are ignored while the process exits.
 """
 
 from __future__ import annotations
@@ -29,13 +32,14 @@ import signal
 import sys
 from typing import Any, NoReturn
 
+import jax
 import ml_collections
 from absl import app, flags, logging
 from ml_collections import config_flags
 
 from transformer_jax.configs import NAMES, config_file
 from transformer_jax.kernels import configure_process
-from transformer_jax.training import distributed
+from transformer_jax.training import distributed, peers
 from transformer_jax.training.loop import train_and_evaluate
 
 EXIT_ERROR, EXIT_USAGE, EXIT_PREEMPTED, EXIT_INTERRUPTED = 1, 2, 75, 130
@@ -82,6 +86,18 @@ def _define_flags() -> None:
     flags.DEFINE_integer("num_processes", None, "Processes in the run (implies --multihost).")
     flags.DEFINE_integer(
         "process_id", None, "This process's index, 0 to num_processes - 1 (implies --multihost)."
+    )
+    flags.DEFINE_float(
+        "initialization_timeout",
+        30,
+        "Seconds for every process of a multi-host run to connect and agree on its launch.",
+        lower_bound=1,
+    )
+    flags.DEFINE_float(
+        "peer_timeout",
+        30,
+        "Seconds a process of a multi-host run may go unheard before every process stops.",
+        lower_bound=1,
     )
 
 
@@ -164,27 +180,50 @@ def _train(argv: list[str]) -> None:
     workdir = FLAGS.workdir or os.path.join("runs", name)
     logging.set_verbosity(logging.WARNING)  # Orbax logs every file it writes at INFO
     _quiet_orbax()
-    configure_process(config.model.platform)  # CPU runtime settings; before JAX starts
+    multihost = False
     try:
-        distributed.initialize(
+        configure_process(config.model.platform)  # CPU runtime settings; before JAX starts
+        multihost = distributed.initialize(
             FLAGS.multihost,
+            FLAGS.initialization_timeout,
+            FLAGS.peer_timeout,
             coordinator_address=FLAGS.coordinator_address,
             num_processes=FLAGS.num_processes,
             process_id=FLAGS.process_id,
         )
+        if multihost:
+            peers.agree(config, FLAGS.num_processes, FLAGS.initialization_timeout)
+            finished = peers.watch(FLAGS.peer_timeout)
         # Once training stops the run is saved: a late SIGTERM (a launcher signals each task,
         # steps apart) must not kill this process while it shuts down, its peers waiting.
         result = train_and_evaluate(config, workdir, sigterm_after=signal.SIG_IGN)
-    except (ValueError, FloatingPointError, OSError) as e:
+    except (ValueError, FloatingPointError, OSError, RuntimeError) as e:
+        if multihost:  # its peers may be lost: no waiting for them on the way out
+            distributed.end(peers.describe(e))
+        if isinstance(e, RuntimeError):
+            raise
         _fail(str(e), EXIT_ERROR)
     except KeyboardInterrupt:
-        _fail("interrupted (a second Ctrl-C): the last checkpoint is kept", EXIT_INTERRUPTED)
+        message = "interrupted (a second Ctrl-C): the last checkpoint is kept"
+        if jax.distributed.is_initialized():  # no waiting for the peers at JAX's shutdown
+            distributed.end(message, EXIT_INTERRUPTED)
+        _fail(message, EXIT_INTERRUPTED)
+    if multihost:
+        finished.set()
     if not result["complete"]:
         sys.exit(_STOPPED[result["stopped_by"]])
 
 
+def _preempted_at_start(signum: int, frame: Any) -> NoReturn:
+    """SIGTERM before the training loop takes it over: there is nothing to save yet, so the
+    process ends at once (as safe as a kill: every file is written whole or not at all)."""
+    os.write(2, b"error: SIGTERM before training started: nothing to save; rerun to start\n")
+    os._exit(EXIT_PREEMPTED)
+
+
 def main() -> None:
     """``python train.py`` / ``python -m transformer_jax.train``: parse sys.argv, train, exit."""
+    signal.signal(signal.SIGTERM, _preempted_at_start)  # until the loop's own handler
     _define_flags()
     app.run(_train, flags_parser=_parse_flags)
 

@@ -279,3 +279,11 @@ class Transformer(nn.Module):
         return self.decode(
             encoded, src, tgt_in, src_segments, tgt_segments, tgt_positions, deterministic
         )
+
+
+def parameter_shapes(config: TransformerConfig) -> Any:
+    """The pytree of the parameters of ``Transformer(config)`` as ``jax.ShapeDtypeStruct``s,
+    computed without allocating them."""
+    tokens = jax.ShapeDtypeStruct((1, 8), jnp.int32)
+    init = lambda src, tgt: Transformer(config).init(jax.random.key(0), src, tgt)  # noqa: E731
+    return jax.eval_shape(init, tokens, tokens)["params"]

@@ -11,19 +11,26 @@ is set aside and the one before it is used (see :class:`Checkpointer`).
 from __future__ import annotations
 
 import json
-import logging
 import os
 import sys
-import zlib
 from typing import Any
 
 import jax
 import ml_collections
-import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
+from transformer_jax.model.config import from_config_dict
+from transformer_jax.model.transformer import parameter_shapes
 from transformer_jax.training.distributed import any_process
+from transformer_jax.training.integrity import (
+    abandon_failed_reads,
+    checksums,
+    difference,
+    non_finite,
+    shapes,
+    verify,
+)
 from transformer_jax.training.steps import TrainState
 
 CHECKPOINT_DIR = "checkpoints"
@@ -46,91 +53,6 @@ def _manager(directory: str, keep: int | None = None, create: bool = True) -> oc
 
 class CheckpointMismatch(ValueError):
     """A checkpoint holds a different model or optimizer than the config describes."""
-
-
-def checksums(tree: Any) -> dict[str, int]:
-    """CRC-32 of the bytes of each array of a host pytree, by its path."""
-    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
-    return {
-        jax.tree_util.keystr(path): zlib.crc32(np.ascontiguousarray(leaf).view(np.uint8))
-        for path, leaf in leaves
-    }
-
-
-def non_finite(tree: Any) -> list[str]:
-    """Paths of the floating-point arrays of a host pytree holding a NaN or infinity."""
-    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
-    return [
-        jax.tree_util.keystr(path)
-        for path, leaf in leaves
-        if np.issubdtype(np.asarray(leaf).dtype, np.inexact) and not np.isfinite(leaf).all()
-    ]
-
-
-def _shapes(tree: Any) -> dict[str, tuple[int, ...]]:
-    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
-    return {jax.tree_util.keystr(path): tuple(leaf.shape) for path, leaf in leaves}
-
-
-def _difference(saved: dict[str, tuple], expected: dict[str, tuple]) -> str:
-    """The first few arrays that are missing, unexpected or differently shaped."""
-    missing = [k for k in expected if k not in saved]
-    extra = [k for k in saved if k not in expected]
-    shaped = [
-        f"{k} {saved[k]} != {expected[k]}"
-        for k in expected
-        if saved.get(k, expected[k]) != expected[k]
-    ]
-    parts = [
-        f"{name}: {', '.join(items[:3])}{' ...' if len(items) > 3 else ''}"
-        for name, items in (("missing", missing), ("unexpected", extra), ("shape", shaped))
-        if items
-    ]
-    return "; ".join(parts)
-
-
-class _AbandonedReads(logging.Filter):
-    """Silences the reads orbax leaves pending when restoring a checkpoint fails.
-
-    Orbax closes its event loop on the first read error; asyncio then logs each other
-    read's error ("... exception was never retrieved") when it is collected, and a read
-    ending after the close raises "Event loop is closed" into ``sys.unraisablehook``, which
-    can happen while ``restore`` is still raising: so each checkpoint is added before it is
-    read. For the checkpoints in ``paths``, a failed one's warning line says what happened,
-    and both are dropped; every other record and unraisable error passes on unchanged.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.paths: set[str] = set()
-        logging.getLogger("asyncio").addFilter(self)
-
-    def add(self, path: str) -> None:
-        self.paths.add(os.path.join(os.path.abspath(path), ""))
-        if sys.unraisablehook != self._unraisable:  # first use, or replaced since
-            self._unraisablehook, sys.unraisablehook = sys.unraisablehook, self._unraisable
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        error = record.exc_info[1] if record.exc_info else None
-        return error is None or not any(path in str(error) for path in self.paths)
-
-    def _unraisable(self, unraisable: Any) -> None:
-        closed = unraisable.exc_type is RuntimeError and (
-            str(unraisable.exc_value) == "Event loop is closed"
-        )
-        if not closed:
-            self._unraisablehook(unraisable)
-
-
-_abandoned_reads: _AbandonedReads | None = None
-
-
-def _abandon_failed_reads(path: str) -> None:
-    """Drop the errors of the reads a failed restore of ``path`` leaves pending (see above)."""
-    global _abandoned_reads
-    if _abandoned_reads is None:
-        _abandoned_reads = _AbandonedReads()
-    _abandoned_reads.add(path)
 
 
 class Checkpointer:
@@ -197,10 +119,8 @@ class Checkpointer:
             raise self._failed(e) from None
 
     def _failed(self, error: Exception) -> OSError:
-        first = str(error).splitlines()[0][:300] if str(error) else ""
         return OSError(
-            f"saving checkpoint {self.saving} in {self.directory} failed: "
-            f"{type(error).__name__}: {first}"
+            f"saving checkpoint {self.saving} in {self.directory} failed: {_reason(error)}"
         )
 
     def describe_newest(self) -> str:
@@ -220,9 +140,9 @@ class Checkpointer:
         template = {"params": state.params, "train": _train_items(state)}
         for step in sorted(self.manager.all_steps(), reverse=True):
             error = None
-            _abandon_failed_reads(os.path.join(self.directory, str(step)))
+            abandon_failed_reads(os.path.join(self.directory, str(step)))
             try:
-                self._check_shapes(step, template)
+                self._checkshapes(step, template)
                 restored = self.manager.restore(
                     step,
                     args=ocp.args.Composite(
@@ -243,19 +163,19 @@ class Checkpointer:
             return state.replace(params=restored["params"], **restored["train"]), restored["data"]
         return None
 
-    def _check_shapes(self, step: int, template: dict[str, Any]) -> None:
+    def _checkshapes(self, step: int, template: dict[str, Any]) -> None:
         metadata = self.manager.item_metadata(step)
         for name in ("params", "train"):
             if metadata.get(name) is None:
                 raise ValueError(f"item {name!r} is missing")
-            saved, expected = _shapes(metadata[name]), _shapes(template[name])
+            saved, expected = shapes(metadata[name]), shapes(template[name])
             if name == "train":  # optimizer states: compared as shapes, their names may differ
                 saved = dict(enumerate(sorted(saved.values())))
                 expected = dict(enumerate(sorted(expected.values())))
             if saved != expected:
                 raise CheckpointMismatch(
                     f"checkpoint {step} in {self.directory} holds other {name} arrays than "
-                    f"the config describes ({_difference(saved, expected)})"
+                    f"the config describes ({difference(saved, expected)})"
                 )
 
     def _verify(self, step: int, restored: dict[str, Any]) -> None:
@@ -265,10 +185,7 @@ class Checkpointer:
         saved = self.manager.restore(
             step, args=ocp.args.Composite(checksums=ocp.args.JsonRestore())
         )["checksums"]
-        for name, tree in restored.items():
-            for key, value in checksums(tree).items():
-                if saved[name].get(key) != value:
-                    raise ValueError(f"checksum mismatch in {name}{key}")
+        verify(saved, restored)
 
     def _set_aside(self, step: int, error: Exception | None) -> None:
         """Rename an unreadable step to a free ``{step}.unreadable[.N]`` so that it is neither
@@ -319,6 +236,21 @@ class Checkpointer:
             self.manager = None
 
 
+def _reason(error: BaseException) -> str:
+    """The OS's reason for ``error`` (an OSError it was raised from: "No space left on
+    device"), else its first line, its middle cut if long (the end often names the cause)."""
+    cause: BaseException | None = error
+    while cause is not None:
+        if isinstance(cause, OSError) and cause.strerror:
+            where = f" ({cause.filename})" if cause.filename else ""
+            return f"{type(cause).__name__}: {cause.strerror}{where}"
+        cause = cause.__cause__ or cause.__context__
+    first = str(error).splitlines()[0] if str(error) else ""
+    if len(first) > 600:
+        first = f"{first[:200]} ... {first[-400:]}"
+    return f"{type(error).__name__}: {first}"
+
+
 def list_steps(workdir: str, kind: str = CHECKPOINT_DIR) -> list[int]:
     """Steps of the complete checkpoints in ``{workdir}/{kind}`` (``checkpoints`` or
     ``snapshots``), ascending."""
@@ -332,14 +264,44 @@ def list_steps(workdir: str, kind: str = CHECKPOINT_DIR) -> list[int]:
 
 
 def save_params(directory: str, params: Any, step: int) -> None:
-    """Write ``params`` alone as a checkpoint at ``step`` in ``directory`` (e.g. averaged/)."""
+    """Write ``params`` alone, with their CRC-32s, as a checkpoint at ``step`` in
+    ``directory`` (``averaged/``, ``snapshots/``)."""
     manager = _manager(directory)
-    manager.save(step, args=ocp.args.Composite(params=ocp.args.StandardSave(params)), force=True)
+    args = ocp.args.Composite(
+        params=ocp.args.StandardSave(params),
+        checksums=ocp.args.JsonSave({"params": checksums(params)}),
+    )
+    manager.save(step, args=args, force=True)
     manager.wait_until_finished()
     manager.close()
 
 
-def _restore_params(directory: str, step: int | None) -> tuple[Any, int]:
+def _read_params(manager: ocp.CheckpointManager, step: int, expected: dict | None) -> Any:
+    """The parameters of checkpoint ``step``, checked against their saved CRC-32s and, where
+    ``expected`` (shapes by path) is given, their shapes; ValueError saying what is wrong."""
+    path = os.path.join(manager.directory, str(step))
+    abandon_failed_reads(path)
+    items = {"params": ocp.args.StandardRestore()}
+    if os.path.isdir(os.path.join(path, "checksums")):  # absent: written before they were kept
+        items["checksums"] = ocp.args.JsonRestore()
+    restored = manager.restore(step, args=ocp.args.Composite(**items))
+    if expected is not None and shapes(restored["params"]) != expected:
+        raise CheckpointMismatch(
+            f"checkpoint {step} in {manager.directory} holds other params arrays than "
+            f"config.json describes ({difference(shapes(restored['params']), expected)})"
+        )
+    if "checksums" in items:
+        verify({"params": restored["checksums"]["params"]}, {"params": restored["params"]})
+    bad = non_finite(restored["params"])
+    if bad:
+        raise ValueError(f"{bad[0]} is not finite")
+    return restored["params"]
+
+
+def _restore_params(directory: str, step: int | None, expected: dict | None) -> tuple[Any, int]:
+    """Verified parameters (:func:`_read_params`) of checkpoint ``step`` in ``directory``, or
+    of its newest one that verifies when ``step`` is None (one warning line per damaged one
+    skipped); ValueError naming the step if a named one is damaged, or if none verifies."""
     if not os.path.isdir(directory):
         raise ValueError(f"no checkpoint directory {directory!r}")
     manager = _manager(directory, create=False)
@@ -347,14 +309,23 @@ def _restore_params(directory: str, step: int | None) -> tuple[Any, int]:
         steps = sorted(manager.all_steps())
         if not steps:
             raise ValueError(f"no complete checkpoint in {directory!r}")
-        if step is None:
-            step = steps[-1]
-        elif step not in steps:
+        if step is not None and step not in steps:
             raise ValueError(f"checkpoint={step} not in {directory!r}; available steps: {steps}")
-        restored = manager.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore()))
+        candidates = [step] if step is not None else steps[::-1]
+        for candidate in candidates:
+            try:
+                return _read_params(manager, candidate, expected), candidate
+            except CheckpointMismatch:
+                raise
+            except Exception as e:  # noqa: BLE001 - any unreadable checkpoint is damaged
+                reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                damaged = f"checkpoint {candidate} in {directory} is damaged ({reason[:300]})"
+                if candidate == candidates[-1]:
+                    earlier = "" if step is not None else " and no earlier one verifies"
+                    raise ValueError(f"{damaged}{earlier}; not used") from None
+                print(f"warning: {damaged}; trying the previous one", file=sys.stderr)
     finally:
         manager.close()
-    return restored["params"], step
 
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:
@@ -387,15 +358,22 @@ def load_run(
 ) -> tuple[ml_collections.ConfigDict, Any, int]:
     """``(config, params, step)`` of a run: the ``'latest'`` checkpoint, a step number, the
     ``'averaged'`` parameters written by ``transformer_jax.average``, or
-    ``'snapshots/STEP'``, parameters saved on SIGUSR1 (see ``training.loop``)."""
+    ``'snapshots/STEP'``, parameters saved on SIGUSR1 (see ``training.loop``).
+
+    The parameters are checked against the shapes ``config.json`` describes and the CRC-32s
+    saved with them: a damaged checkpoint named by step is refused (ValueError); for
+    ``'latest'`` the newest one that verifies is used, with a warning line for each skipped.
+    """
     checkpoint = parse_checkpoint(checkpoint)
     config = load_config(workdir)
+    expected = shapes(parameter_shapes(from_config_dict(config.model)))
     if checkpoint == "averaged":
-        params, step = _restore_params(os.path.join(workdir, AVERAGED_DIR), None)
+        directory, step = os.path.join(workdir, AVERAGED_DIR), None
     elif checkpoint == "latest" or isinstance(checkpoint, int):
         step = None if checkpoint == "latest" else checkpoint
-        params, step = _restore_params(os.path.join(workdir, CHECKPOINT_DIR), step)
+        directory = os.path.join(workdir, CHECKPOINT_DIR)
     else:
         step = int(checkpoint.partition("/")[2])
-        params, step = _restore_params(os.path.join(workdir, SNAPSHOT_DIR), step)
+        directory = os.path.join(workdir, SNAPSHOT_DIR)
+    params, step = _restore_params(directory, step, expected)
     return config, params, step

@@ -17,12 +17,16 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import sys
+import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax._src import distributed as jax_distributed
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -108,13 +112,94 @@ def launch_arguments(
     return given
 
 
-def initialize(multihost: bool, **launch: Any) -> bool:
-    """``jax.distributed.initialize`` with :func:`launch_arguments`; whether it ran."""
+def initialize(
+    multihost: bool, initialization_timeout: float = 30, peer_timeout: float = 30, **launch: Any
+) -> bool:
+    """``jax.distributed.initialize`` with :func:`launch_arguments`; whether it ran.
+
+    Processes that have not all connected within ``initialization_timeout`` seconds (a
+    process missing, a wrong address or port, a count or id that differs) end with one line
+    (:func:`end`) before JAX's own timeout aborts them. JAX's heartbeat check waits longer
+    than ``peer_timeout``, the time :mod:`.peers` gives a silent process.
+    """
     arguments = launch_arguments(multihost, **launch)
     if arguments is None:
         return False
-    jax.distributed.initialize(**arguments)
+    address = arguments["coordinator_address"] or "the launcher's coordinator"
+    failed = (
+        f"the {arguments['num_processes'] or 'launched'} processes did not all connect to "
+        f"{address} within --initialization_timeout={initialization_timeout:g} s: every "
+        "process needs the same --coordinator_address (reachable, the port free on process "
+        "0's host) and --num_processes, and its own --process_id"
+    )
+    timer = threading.Timer(initialization_timeout, end, [failed])
+    timer.daemon = True
+    timer.start()
+    try:
+        with _connect_errors_raised():
+            jax.distributed.initialize(
+                **arguments,
+                initialization_timeout=int(initialization_timeout) + 30,
+                heartbeat_timeout_seconds=int(2 * peer_timeout) + 30,
+            )
+    except Exception as e:  # noqa: BLE001 - JAX's runtime errors
+        end(f"{failed} ({str(e).splitlines()[0] if str(e) else type(e).__name__})")
+    finally:
+        timer.cancel()
+    global _connected
+    _connected = True
     return True
+
+
+@contextlib.contextmanager
+def _connect_errors_raised() -> Iterator[None]:
+    """Give the coordination client an error callback: without one, an error while
+    connecting (e.g. a second process with the same id) aborts the process with a C++
+    dump; with one, JAX 0.10 raises it from ``connect`` (the callback itself cannot be
+    called with the error, so the error is what reaches Python)."""
+    make = jax_distributed._jax.get_distributed_runtime_client
+
+    def with_callback(*args: Any, **kwargs: Any) -> Any:
+        return make(*args, missed_heartbeat_callback=lambda *_: None, **kwargs)
+
+    jax_distributed._jax.get_distributed_runtime_client = with_callback
+    try:
+        yield
+    finally:
+        jax_distributed._jax.get_distributed_runtime_client = make
+
+
+_ending = threading.Lock()
+_connected = False  # initialize() has returned: the coordination service is reachable
+_ENDED = "transformer_jax/ended/"
+
+
+def end(message: str, code: int = 1) -> NoReturn:
+    """Print ``error: message`` (once, whichever thread gets here first) and exit ``code``
+    at once, skipping JAX's shutdown, which would wait for every process to reach it (one
+    is lost, or never came) and abort. Only for a run of several processes: what it saved
+    is saved, and the other processes end too. Process 0 hosts the coordination service,
+    whose end aborts the others: it waits (5 s at most) until they have said they end."""
+    if not _ending.acquire(blocking=False):
+        while True:  # another thread is ending the process
+            time.sleep(1)
+    sys.stdout.flush()
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    client, me = jax_distributed.global_state.client, jax_distributed.global_state.process_id
+    try:
+        if _connected and me != 0:
+            client.key_value_set(f"{_ENDED}{me}", "")
+        deadline = time.monotonic() + 5
+        while _connected and me == 0 and time.monotonic() < deadline:
+            if (
+                len(client.key_value_dir_get(_ENDED))
+                >= jax_distributed.global_state.num_processes - 1
+            ):
+                break
+            time.sleep(0.1)
+    except Exception:  # noqa: BLE001, S110 - the service is gone: nothing to wait for
+        pass
+    os._exit(code)
 
 
 @functools.cache

@@ -80,14 +80,26 @@ class MetricsWindow:
 
     KEYS = ("loss", "cross_entropy", "nll", "tokens", "correct", "grad_norm", "steps")
 
-    def __init__(self) -> None:
+    def __init__(self, saved: dict[str, float] | None = None) -> None:
+        """An empty window, or the one :meth:`state` saved with a checkpoint (a resumed
+        run's first record covers the same steps as an uninterrupted run's)."""
         self.reset()
+        if saved:
+            self.sums = {key: float(saved[key]) for key in self.KEYS}
+            if jax.process_index() == 0:  # the token counts are every process's, summed
+                self.real_tokens, self.slots = int(saved["real_tokens"]), int(saved["slots"])
+            self.untimed = self.real_tokens
 
     def reset(self) -> None:
         self.sums = dict.fromkeys(self.KEYS, 0.0)
-        self.real_tokens, self.slots = 0, 0
+        self.real_tokens, self.slots, self.untimed = 0, 0, 0
         self.waited = 0.0
         self.started = time.perf_counter()
+
+    def state(self) -> dict[str, float]:
+        """The window's sums, to be saved with a checkpoint (a collective, like :meth:`record`)."""
+        real, slots = sum_over_processes([self.real_tokens, self.slots])()
+        return {**self.sums, "real_tokens": real, "slots": slots}
 
     def add_batch(self, batch: Batch) -> None:
         real, slots = token_counts(batch)
@@ -105,17 +117,17 @@ class MetricsWindow:
         return self.waited / max(time.perf_counter() - self.started, 1e-9)
 
     def tokens_per_sec(self) -> float:
-        return self.real_tokens / max(time.perf_counter() - self.started, 1e-9)
+        return (self.real_tokens - self.untimed) / max(time.perf_counter() - self.started, 1e-9)
 
     def record(self, learning_rate: float) -> dict[str, float]:
         """The log record of the window (then empty). Its token counts are those of every
         process's batches (a collective: all processes call it at the same step)."""
-        real, slots = sum_over_processes([self.real_tokens, self.slots])()
+        real, slots, untimed = sum_over_processes([self.real_tokens, self.slots, self.untimed])()
         record = summarize(self.sums)
         record.update(
             grad_norm=self.sums["grad_norm"] / max(self.sums["steps"], 1.0),
             learning_rate=learning_rate,
-            tokens_per_sec=real / max(time.perf_counter() - self.started, 1e-9),
+            tokens_per_sec=(real - untimed) / max(time.perf_counter() - self.started, 1e-9),
             padding_efficiency=real / max(slots, 1),
             host_wait=self.host_wait_fraction(),
         )

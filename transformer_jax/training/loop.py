@@ -37,8 +37,10 @@ from transformer_jax.training.logs import (
 from transformer_jax.training.prefetch import StepBatches
 from transformer_jax.training.run import Run, run_schedule, start_run
 from transformer_jax.training.signals import Handler, Signals
-from transformer_jax.training.validation import validate_config
+from transformer_jax.training.validation import check_host, validate_config
 from transformer_jax.training.workdir import lock_workdir
+
+WINDOW_KEY = "metrics_window"  # in a checkpoint's ``data`` item: the open log window's sums
 
 
 def train_and_evaluate(
@@ -49,6 +51,7 @@ def train_and_evaluate(
     'complete': False, 'stopped_by': 'SIGTERM'}`` when a signal stopped it. SIGTERM's handler
     once training has stopped is ``sigterm_after``, by default the one it had before."""
     model_config = validate_config(config)  # before the workdir is created
+    check_host(model_config)
     with entered_by_process_zero(lambda: lock_workdir(workdir)):  # refused on every process
         return _train_and_evaluate(config, model_config, workdir, sigterm_after)
 
@@ -69,15 +72,17 @@ def _train_and_evaluate(
         print("its final evaluation is missing")
     elif run.start:
         print(f"resuming from the checkpoint at step {run.start}")
+    data_state = dict(run.data_state or {})
+    window = data_state.pop(WINDOW_KEY, None)  # the metrics of the steps since the last log
     train_iter = data_lib.train_iterator(
-        config.data, workdir, run.tokenizer, jax.device_count(), run.data_state
+        config.data, workdir, run.tokenizer, jax.device_count(), data_state or None
     )
     info = run_info(config, run.tokenizer.vocab_size, train_iter)
     if jax.process_index() == 0:
         write_run_info(workdir, info)
     print(describe_run_info(info))
     evaluator = Evaluator(config, workdir, run.dp, run.model_config, run.tokenizer)
-    trainer = _Trainer(run, train_iter, evaluator)
+    trainer = _Trainer(run, train_iter, evaluator, window)
     # Until the run and its final evaluation are saved, a SIGTERM waits for them: every
     # process finishes the same steps and collectives (a second Ctrl-C still stops at once).
     with Signals(sigterm_after) as signals:
@@ -117,12 +122,18 @@ class _Trainer:
     read and placed on the devices ahead by a thread (:mod:`~transformer_jax.training.prefetch`).
     """
 
-    def __init__(self, run: Run, train_iter: data_lib.TrainIterator, evaluator: Evaluator):
+    def __init__(
+        self,
+        run: Run,
+        train_iter: data_lib.TrainIterator,
+        evaluator: Evaluator,
+        window: dict[str, float] | None = None,
+    ):
         self.run, self.config, self.dp = run, run.config, run.dp
         self.train_iter, self.evaluator = train_iter, evaluator
         self.schedule = run_schedule(run.config, run.model_config)
         self.writer = MetricsWriter(run.workdir, run.start, enabled=jax.process_index() == 0)
-        self.window = MetricsWindow()
+        self.window = MetricsWindow(window)
         self.state = self.dp.replicate(run.state)
         self.step = run.start
         self.pending: tuple[int, dict] | None = None
@@ -214,7 +225,8 @@ class _Trainer:
 
     def save(self) -> None:
         host = self.dp.unreplicate(self.state)
-        self.run.checkpointer.save_state(host, self.batches.data_state)
+        data = {**self.batches.data_state, WINDOW_KEY: self.window.state()}
+        self.run.checkpointer.save_state(host, data)
 
     def snapshot(self) -> str:
         """Save the current parameters in ``{workdir}/snapshots/{step}``; what was done."""

@@ -6,12 +6,16 @@ import math
 import os
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 
 from transformer_jax.data.sources import SOURCES
 from transformer_jax.data.tokenizer import PAD_ID
 from transformer_jax.model.config import TransformerConfig, from_config_dict
+from transformer_jax.model.transformer import parameter_shapes
+from transformer_jax.options import CUDA_PLATFORMS
 from transformer_jax.training.loss import check_convention
 from transformer_jax.training.parallel import check_kind
 
@@ -116,3 +120,49 @@ def validate_config(config: ml_collections.ConfigDict) -> TransformerConfig:
             "(the longest position the model encodes)"
         )
     return model
+
+
+_BACKENDS = {"cuda": "gpu", "rocm": "gpu"}  # model.platform -> the JAX backend it runs on
+
+
+def check_host(model: TransformerConfig) -> None:
+    """Raise ``ValueError`` if this host cannot train ``model``: the platform it names is
+    not JAX's backend here (no silent fallback to the CPU), cuDNN attention without a GPU,
+    or parameters and Adam's state larger than the device's memory."""
+    backend = jax.default_backend()
+    wanted = _BACKENDS.get(model.platform, model.platform)
+    if wanted not in ("auto", backend):
+        raise ValueError(
+            f"model.platform={model.platform!r} but JAX runs on {backend!r} here (no "
+            f"{wanted.upper()} found); train here with model.platform='auto' or {backend!r}"
+        )
+    if model.attention_impl == "cudnn" and backend not in CUDA_PLATFORMS:
+        raise ValueError(
+            f"model.attention_impl='cudnn' needs a GPU; JAX runs on {backend!r} here "
+            "(use attention_impl='fused')"
+        )
+    count = sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(parameter_shapes(model)))
+    need = 4 * count * jnp.dtype(model.param_dtype).itemsize  # parameters, gradients, Adam's m, v
+    available = _available_memory()
+    if available is not None and need > available:
+        raise ValueError(
+            f"the model has {count:,} parameters (model.vocab_size={model.vocab_size}, "
+            f"d_model={model.d_model}): they, their gradients and Adam's state need "
+            f"{need / 2**30:.1f} GiB, more than the {available / 2**30:.1f} GiB available"
+        )
+
+
+def _available_memory() -> int | None:
+    """Bytes the first local device can still hold (on the CPU: the host's available
+    memory), or None where JAX and the OS do not say."""
+    device = jax.local_devices()[0]
+    if device.platform != "cpu":
+        stats = device.memory_stats() or {}
+        limit = stats.get("bytes_limit")
+        return None if limit is None else int(limit) - int(stats.get("bytes_in_use", 0))
+    try:
+        with open("/proc/meminfo") as f:
+            fields = dict(line.split(":", 1) for line in f)
+        return int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return None
