@@ -39,12 +39,14 @@ def _flat(seqs: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
 @dataclasses.dataclass(frozen=True)
 class EncodedPairs:
     """Token ids of N pairs (no BOS/EOS), stored flat: pair i's source is
-    ``src[src_offsets[i]:src_offsets[i + 1]]``."""
+    ``src[src_offsets[i]:src_offsets[i + 1]]`` (numpy arrays or memory-mapped ones of a
+    prepared split); ``read_counts`` says what reading the split skipped or replaced."""
 
     src: np.ndarray
     src_offsets: np.ndarray
     tgt: np.ndarray
     tgt_offsets: np.ndarray
+    read_counts: dict[str, int] = dataclasses.field(default_factory=dict, compare=False)
 
     @classmethod
     def from_lists(cls, src: Sequence[Sequence[int]], tgt: Sequence[Sequence[int]]) -> EncodedPairs:
@@ -201,8 +203,8 @@ class Batcher:
         self.process_index = process_index
         self.process_count = process_count
         batch_rows(tokens_per_batch, max_len, num_shards)  # validates the budget early
-        self.src_lengths = np.diff(pairs.src_offsets) + 1
-        self.tgt_lengths = np.diff(pairs.tgt_offsets) + 1
+        self.src_lengths = (np.diff(pairs.src_offsets) + 1).astype(np.int32)
+        self.tgt_lengths = (np.diff(pairs.tgt_offsets) + 1).astype(np.int32)
         lengths = np.maximum(self.src_lengths, self.tgt_lengths)
         self.kept = np.flatnonzero(lengths <= max_len)
         self.lengths = lengths
@@ -241,10 +243,8 @@ class Batcher:
         src_fill = np.zeros(local, np.int64)
         tgt_fill = np.zeros(local, np.int64)
         segment = np.zeros(local, np.int32)
-        for i, row in zip(planned.pairs, planned.rows, strict=True):
-            r = row - first
-            if not 0 <= r < local:
-                continue
+        mine = (planned.rows >= first) & (planned.rows < first + local)
+        for i, r in zip(planned.pairs[mine], planned.rows[mine] - first, strict=True):
             source, target = self.pairs.source(i), self.pairs.target(i)
             s0, t0 = src_fill[r], tgt_fill[r]
             s1, t1 = s0 + len(source) + 1, t0 + len(target) + 1
