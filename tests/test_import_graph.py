@@ -47,6 +47,7 @@ CLI_SHIMS = {
     "transformer_jax.evaluate",
     "transformer_jax.average",
     "transformer_jax.train",
+    "transformer_jax.data.prepare",
 }
 # Leaf modules hold the ids and enums that others validate against: they import no other
 # package module except other leaves (modules that import nothing from the package).

@@ -12,6 +12,8 @@ from transformer_jax.data.pipeline import (
     encoded_split,
     eval_split_batches,
     get_tokenizer,
+    prepare_data,
+    prepared_path,
     train_iterator,
 )
 from transformer_jax.data.sources import SOURCES, load_pairs
@@ -44,6 +46,8 @@ __all__ = [
     "load_pairs",
     "load_tokenizer",
     "padding_efficiency",
+    "prepare_data",
+    "prepared_path",
     "synthetic_pairs",
     "train_iterator",
     "train_tokenizer",

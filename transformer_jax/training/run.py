@@ -42,6 +42,7 @@ RESUMABLE = (
     "train.parallel",
     "data.text_dir",
     "data.tfds_data_dir",
+    "data.data_dir",
     "decode.",
 )
 CONFIG_HISTORY_FILE = "config_history.jsonl"
@@ -175,6 +176,14 @@ def start_run(
             f"model.vocab_size={model_config.src_vocab} is smaller than the tokenizer's "
             f"{tokenizer.vocab_size} pieces in {workdir}/tokenizer.model"
         )
+
+    def prepare() -> bytes:
+        splits = [config.data.train_split, config.data.eval_split]
+        splits += [config.data.test_split] if config.train.final_test else []
+        data_lib.prepare_data(config.data, workdir, tokenizer, splits)
+        return b""
+
+    from_process_zero(prepare)  # the others then map the files process 0 wrote
     dp = DataParallel(
         config.train.parallel,
         Transformer(model_config),

@@ -76,6 +76,8 @@ def validate_config(config: ml_collections.ConfigDict) -> TransformerConfig:
         raise ValueError("data.text_dir must be set for data.source='text'")
     if data.source == "text" and not os.path.isdir(data.text_dir):
         raise ValueError(f"data.text_dir={data.text_dir!r} is not a directory")
+    if data.data_dir and os.path.exists(data.data_dir) and not os.path.isdir(data.data_dir):
+        raise ValueError(f"data.data_dir={data.data_dir!r} is not a directory")
     for name in ("max_len", "tokens_per_batch"):
         _int(config, "data", name, 1)
     if data.tokens_per_batch < data.max_len:
