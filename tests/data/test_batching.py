@@ -262,7 +262,7 @@ def test_pipeline_trains_tokenizer_once_and_caches_ids(tmp_path):
     assert pipeline.get_tokenizer(config, workdir, 500).fingerprint == tokenizer.fingerprint
     encoded = pipeline.encoded_split(config, "validation", tokenizer, workdir)
     (cache,) = os.listdir(os.path.join(workdir, "data_cache"))
-    assert cache.startswith("validation-") and cache.endswith(".npz")
+    assert cache.startswith("validation-") and encoded.src.dtype == np.uint16
     cached = pipeline.encoded_split(config, "validation", tokenizer, workdir)
     np.testing.assert_array_equal(cached.tgt, encoded.tgt)
     np.testing.assert_array_equal(cached.src_offsets, encoded.src_offsets)
