@@ -531,3 +531,13 @@ def test_train_throughput_dot_floor_smoke():
     assert floor["step_vs_floor"] == pytest.approx(row["step_s"]["median"] / floor["seconds"])
     assert "torch_step_vs_floor" not in floor  # no torch row
     assert sum(d["count"] for d in floor["dots"]) > 0
+
+
+@pytest.mark.slow  # four stage processes, each importing JAX (~45 s)
+def test_data_pipeline_smoke():
+    payload = _script("data_pipeline").main(["--smoke"])
+    (result,) = payload["results"]
+    assert result["pairs"] == 2000 and result["prepared_bytes"] > 0
+    for stage in ("start bucketed", "start packed"):
+        assert result[stage]["batches_per_s"] > 0 and result[stage]["tgt_tokens_per_s"] > 0
+    assert result["encode"]["peak_rss"] > 0 and result["gpu_steps_per_s"] > 0
