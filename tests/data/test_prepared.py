@@ -206,13 +206,17 @@ def test_tfds_array_record_is_read_in_batches(tmp_path, monkeypatch):
     assert sorted(pairs) == sorted(
         (f"the sentence {i}", f"der Satz {i}") for i in range(2500) if i != 7
     )
-    workdir = str(tmp_path / "run")
+    workdir, batched[:] = str(tmp_path / "run"), []
     tokenizer = pipeline.get_tokenizer(config, workdir, 300)
+    assert batched == [1024, 1024, 452]  # read once: the tokenizer's pass is kept for encoding
     encoded = pipeline.encoded_split(config, "train", tokenizer, workdir)
-    assert [tokenizer.decode(encoded.source(i)) for i in (0, 2498)] == [
-        pairs[0][0],
-        pairs[2498][0],
-    ]
+    assert batched == [1024, 1024, 452] and encoded.read_counts["skipped_empty"] == 1
+    assert os.listdir(os.path.join(workdir, "data_cache")) == [
+        os.path.basename(pipeline.prepared_path(config, "train", tokenizer, workdir))
+    ]  # the spool is removed once the split is prepared
+    in_memory = pipeline.encode_pairs(tokenizer, pairs)
+    for name in ("src", "src_offsets", "tgt", "tgt_offsets"):
+        np.testing.assert_array_equal(getattr(encoded, name), getattr(in_memory, name))
 
 
 @pytest.mark.slow  # two command processes (~14 s)

@@ -22,7 +22,13 @@ import jax
 import numpy as np
 
 from transformer_jax.data.batching import Batch, Batcher, EncodedPairs, TrainIterator, eval_batches
-from transformer_jax.data.prepared import CHUNK_PAIRS, open_split, write_split
+from transformer_jax.data.prepared import (
+    CHUNK_PAIRS,
+    open_split,
+    read_spool,
+    spool_pairs,
+    write_split,
+)
 from transformer_jax.data.sources import (
     ReadCounts,
     count_pairs,
@@ -60,12 +66,17 @@ def get_tokenizer(
     path = os.path.join(workdir, TOKENIZER_FILE)
     if os.path.isfile(path):
         return load_tokenizer(path, target_vocab_size)
-    split = data_config.train_split
+    split, counts = data_config.train_split, ReadCounts()
     targets = None
     if target_vocab_size is not None and target_vocab_size < vocab_size:
         targets = _side(data_config, split, 1)
+    pairs = stream_pairs(data_config, split, counts)
+    if data_config.source == "tfds":  # kept for encoding: TFDS is read once
+        spool = _spool_path(data_config, split, workdir)
+        os.makedirs(os.path.dirname(spool), exist_ok=True)
+        pairs = spool_pairs(pairs, spool, counts)
     return train_tokenizer(
-        itertools.chain.from_iterable(stream_pairs(data_config, split, ReadCounts())),
+        itertools.chain.from_iterable(pairs),
         path,
         vocab_size,
         max_sentences=data_config.tokenizer_train_sentences,
@@ -75,22 +86,52 @@ def get_tokenizer(
     )
 
 
-def _cache_key(data_config: Any, split: str, tokenizer: Tokenizer) -> str:
+def _origin(data_config: Any, split: str) -> dict[str, Any]:
+    """What the pairs of ``split`` come from (text files by size and modification time)."""
     fields = ("source", "tfds_name", "text_dir", "src_lang", "tgt_lang")
     origin = {name: data_config.get(name) for name in fields}
-    origin.update(split=split, tokenizer=tokenizer.fingerprint)
-    if tokenizer.target_vocab_size is not None:
-        origin["target_vocab_size"] = tokenizer.target_vocab_size
+    origin.update(split=split)
     if data_config.source == "text":  # an edited file is encoded again
         langs = (data_config.src_lang, data_config.tgt_lang)
         stats = [os.stat(text_path(data_config.text_dir, split, lang)) for lang in langs]
         origin["files"] = [(stat.st_size, stat.st_mtime_ns) for stat in stats]
+    return origin
+
+
+def _key(origin: dict[str, Any]) -> str:
     return hashlib.sha1(json.dumps(origin, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _cache_key(data_config: Any, split: str, tokenizer: Tokenizer) -> str:
+    origin = _origin(data_config, split)
+    origin.update(tokenizer=tokenizer.fingerprint)
+    if tokenizer.target_vocab_size is not None:
+        origin["target_vocab_size"] = tokenizer.target_vocab_size
+    return _key(origin)
+
+
+def _data_dir(data_config: Any, workdir: str) -> str:
+    return data_config.get("data_dir") or os.path.join(workdir, CACHE_DIR)
+
+
+def _spool_path(data_config: Any, split: str, workdir: str) -> str:
+    """Where the pairs of a TFDS split read to train the tokenizer are kept for encoding."""
+    name = f"{split}-{_key(_origin(data_config, split))}.spool"
+    return os.path.join(_data_dir(data_config, workdir), name)
+
+
+def _pairs(data_config: Any, split: str, workdir: str, counts: ReadCounts) -> Any:
+    """The pairs of ``split``: from the spool of a TFDS split where there is one (so a
+    first start reads TFDS once), else from the source."""
+    spool = _spool_path(data_config, split, workdir)
+    if data_config.source == "tfds" and os.path.isdir(spool):
+        return read_spool(spool, counts)
+    return stream_pairs(data_config, split, counts)
 
 
 def prepared_path(data_config: Any, split: str, tokenizer: Tokenizer, workdir: str) -> str:
     """Where ``split`` is prepared: ``{data.data_dir or workdir/data_cache}/{split}-{key}``."""
-    directory = data_config.get("data_dir") or os.path.join(workdir, CACHE_DIR)
+    directory = _data_dir(data_config, workdir)
     return os.path.join(directory, f"{split}-{_cache_key(data_config, split, tokenizer)}")
 
 
@@ -148,7 +189,7 @@ def prepare_split(
     counts = ReadCounts()
     info = write_split(
         path,
-        stream_pairs(data_config, split, counts),
+        _pairs(data_config, split, workdir, counts),
         counts,
         lambda chunk: encode_pairs(tokenizer, chunk),
         tokenizer.vocab_size,
@@ -156,6 +197,8 @@ def prepare_split(
         total=count_pairs(data_config, split),
         desc=f"preparing {split}",
     )
+    if data_config.source == "tfds":
+        shutil.rmtree(_spool_path(data_config, split, workdir), ignore_errors=True)
     print(
         f"{split}: {info['pairs']} pairs prepared in {path} ({info['skipped_empty']} skipped "
         f"for an empty side, {info['replaced_lines']} lines with undecodable bytes replaced "

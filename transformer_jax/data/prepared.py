@@ -154,3 +154,46 @@ def open_split(path: str) -> tuple[EncodedPairs, dict[str, Any]]:
         if len(offsets) != info.get("pairs", -2) + 1 or offsets[-1] != len(arrays[side]):
             raise ValueError(f"the prepared split {path} is inconsistent ({side}.npy)")
     return EncodedPairs(**arrays), info
+
+
+def spool_pairs(pairs: Iterable[Pair], path: str, counts: ReadCounts) -> Iterator[Pair]:
+    """``pairs`` passed through and written to a spool at ``path`` (a directory: the
+    UTF-8 bytes of every sentence end to end, their int64 end offsets, and ``counts`` once
+    ``pairs`` is exhausted), so that a second pass reads local files, not the source.
+    The directory appears, renamed from a temporary one, only when every pair is written."""
+    tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+    os.makedirs(tmp)
+    try:
+        with open(f"{tmp}/text.bin", "wb") as text, open(f"{tmp}/ends.bin", "wb") as ends:
+            end = 0
+            for chunk in _chunks(pairs, CHUNK_PAIRS):
+                encoded = [s.encode() for pair in chunk for s in pair]
+                text.write(b"".join(encoded))
+                offsets = end + np.cumsum([len(e) for e in encoded], dtype=np.int64)
+                ends.write(offsets.tobytes())
+                end = int(offsets[-1]) if len(offsets) else end
+                yield from chunk
+        with open(f"{tmp}/{INFO_FILE}", "w") as f:
+            json.dump(counts.as_dict(), f)
+        if not os.path.isdir(path):  # else another process spooled it meanwhile
+            os.replace(tmp, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def read_spool(path: str, counts: ReadCounts) -> Iterator[Pair]:
+    """The pairs of a spool written by :func:`spool_pairs`, its counts added to ``counts``."""
+    with open(os.path.join(path, INFO_FILE)) as f:
+        saved = json.load(f)
+    counts.skipped_empty += saved["skipped_empty"]
+    counts.replaced_lines += saved["replaced_lines"]
+    mapped = lambda name, dtype: (  # noqa: E731
+        np.memmap(os.path.join(path, name), dtype, "r")
+        if os.path.getsize(os.path.join(path, name))
+        else np.zeros(0, dtype)
+    )
+    ends, text = mapped("ends.bin", np.int64), mapped("text.bin", np.uint8)
+    for i in range(0, len(ends), 2):
+        start = int(ends[i - 1]) if i else 0
+        middle, stop = int(ends[i]), int(ends[i + 1])
+        yield bytes(text[start:middle]).decode(), bytes(text[middle:stop]).decode()
