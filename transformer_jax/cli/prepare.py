@@ -27,11 +27,10 @@ from transformer_jax import data as data_lib
 from transformer_jax.cli.train import (
     DEFAULT_CONFIG,
     EXIT_ERROR,
-    EXIT_USAGE,
     _config_error,
     _fail,
-    _load_config,
     _parse_flags,
+    config_and_workdir,
 )
 from transformer_jax.training.validation import validate_config
 
@@ -54,18 +53,13 @@ def prepare(config, workdir: str) -> list[str]:
     tokenizer = data_lib.get_tokenizer(
         config.data, workdir, config.model.vocab_size, model_config.tgt_vocab
     )
-    splits = [config.data.train_split, config.data.eval_split]
-    splits += [config.data.test_split] if config.train.final_test else []
+    splits = data_lib.run_splits(config.data, config.train.final_test)
     data_lib.prepare_data(config.data, workdir, tokenizer, splits)
     return [data_lib.prepared_path(config.data, s, tokenizer, workdir) for s in splits]
 
 
 def _prepare(argv: list[str]) -> None:
-    if len(argv) > 1:
-        _fail(f"unexpected arguments: {argv[1:]}", EXIT_USAGE)
-    config = _load_config()
-    name = os.path.splitext(os.path.basename(FLAGS["config"].config_filename))[0]
-    workdir = FLAGS.workdir or os.path.join("runs", name)
+    config, workdir = config_and_workdir(argv)
     if FLAGS.data_dir is not None:
         config.data.data_dir = FLAGS.data_dir
     try:

@@ -14,6 +14,7 @@ from transformer_jax.data.pipeline import (
     get_tokenizer,
     prepare_data,
     prepared_path,
+    run_splits,
     train_iterator,
 )
 from transformer_jax.data.sources import SOURCES, load_pairs
@@ -48,6 +49,7 @@ __all__ = [
     "padding_efficiency",
     "prepare_data",
     "prepared_path",
+    "run_splits",
     "synthetic_pairs",
     "train_iterator",
     "train_tokenizer",

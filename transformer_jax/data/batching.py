@@ -107,6 +107,28 @@ def padding_efficiency(batch: Batch) -> float:
     return real / slots
 
 
+def _ragged(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For sequences of ``lengths`` laid end to end: each element's sequence and its index
+    within that sequence."""
+    owner = np.repeat(np.arange(len(lengths)), lengths)
+    starts = np.cumsum(lengths) - lengths
+    return owner, np.arange(len(owner)) - starts[owner]
+
+
+def _place(rows: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Items of ``sizes`` laid end to end in their ``rows`` in the given order: where each
+    starts in its row and its rank there (0, 1, ...)."""
+    order = np.argsort(rows, kind="stable")
+    by_row, sized = rows[order], sizes[order]
+    first = np.flatnonzero(np.r_[True, by_row[1:] != by_row[:-1]])  # each row's first item
+    group = np.repeat(np.arange(len(first)), np.diff(np.r_[first, len(order)]))
+    before = np.cumsum(sized) - sized
+    start, rank = np.empty_like(before), np.empty_like(before)
+    start[order] = before - before[first][group]
+    rank[order] = np.arange(len(order)) - first[group]
+    return start, rank
+
+
 @dataclasses.dataclass(frozen=True)
 class _Planned:
     """One batch of the epoch plan: pair ``pairs[k]`` goes to row ``rows[k]``."""
@@ -240,27 +262,31 @@ class Batcher:
         if self.packing:
             for key in ("src_segments", "src_positions", "tgt_segments", "tgt_positions"):
                 batch[key] = np.zeros(shape, np.int32)
-        src_fill = np.zeros(local, np.int64)
-        tgt_fill = np.zeros(local, np.int64)
-        segment = np.zeros(local, np.int32)
         mine = (planned.rows >= first) & (planned.rows < first + local)
-        for i, r in zip(planned.pairs[mine], planned.rows[mine] - first, strict=True):
-            source, target = self.pairs.source(i), self.pairs.target(i)
-            s0, t0 = src_fill[r], tgt_fill[r]
-            s1, t1 = s0 + len(source) + 1, t0 + len(target) + 1
-            batch["src"][r, s0 : s1 - 1] = source
-            batch["src"][r, s1 - 1] = EOS_ID
-            batch["tgt_in"][r, t0] = BOS_ID
-            batch["tgt_in"][r, t0 + 1 : t1] = target
-            batch["tgt_out"][r, t0 : t1 - 1] = target
-            batch["tgt_out"][r, t1 - 1] = EOS_ID
+        pairs, rows = planned.pairs[mine], planned.rows[mine] - first
+        if len(pairs) == 0:
+            return batch
+        for side in ("src", "tgt"):
+            tokens, offsets = getattr(self.pairs, side), getattr(self.pairs, f"{side}_offsets")
+            begin = offsets[pairs]
+            lengths = offsets[pairs + 1] - begin
+            start, rank = _place(rows, lengths + 1)  # each sequence is its ids + EOS (or BOS)
+            owner, within = _ragged(lengths)
+            ids = tokens[begin[owner] + within]
+            r, c = rows[owner], start[owner] + within
+            if side == "src":
+                batch["src"][r, c] = ids
+                batch["src"][rows, start + lengths] = EOS_ID
+            else:
+                batch["tgt_in"][rows, start] = BOS_ID
+                batch["tgt_in"][r, c + 1] = ids
+                batch["tgt_out"][r, c] = ids
+                batch["tgt_out"][rows, start + lengths] = EOS_ID
             if self.packing:
-                segment[r] += 1
-                batch["src_segments"][r, s0:s1] = segment[r]
-                batch["src_positions"][r, s0:s1] = np.arange(s1 - s0)
-                batch["tgt_segments"][r, t0:t1] = segment[r]
-                batch["tgt_positions"][r, t0:t1] = np.arange(t1 - t0)
-            src_fill[r], tgt_fill[r] = s1, t1
+                owner, within = _ragged(lengths + 1)
+                r, c = rows[owner], start[owner] + within
+                batch[f"{side}_segments"][r, c] = rank[owner] + 1
+                batch[f"{side}_positions"][r, c] = within
         return batch
 
 

@@ -207,6 +207,12 @@ def prepare_split(
     return path
 
 
+def run_splits(data_config: Any, final_test: bool) -> list[str]:
+    """The splits a run reads: training, dev, and test when ``train.final_test``."""
+    test = [data_config.test_split] if final_test else []
+    return [data_config.train_split, data_config.eval_split, *test]
+
+
 def prepare_data(data_config: Any, workdir: str, tokenizer: Tokenizer, splits: list[str]) -> None:
     """Prepare each of ``splits`` that is not prepared yet."""
     for split in dict.fromkeys(splits):

@@ -178,8 +178,7 @@ def start_run(
         )
 
     def prepare() -> bytes:
-        splits = [config.data.train_split, config.data.eval_split]
-        splits += [config.data.test_split] if config.train.final_test else []
+        splits = data_lib.run_splits(config.data, config.train.final_test)
         data_lib.prepare_data(config.data, workdir, tokenizer, splits)
         return b""
 
