@@ -147,7 +147,7 @@ def _plan_buckets(
     buckets = bucket_lengths(max_len)
     bucket_of = np.searchsorted(np.asarray(buckets), lengths[order])
     planned = []
-    carry = np.zeros(0, np.int64)
+    carry = np.zeros(0, order.dtype)
     for b, length in enumerate(buckets):
         pool = np.concatenate([carry, order[bucket_of == b]])
         rows = batch_rows(tokens_per_batch, length, num_shards)
@@ -228,7 +228,7 @@ class Batcher:
         self.src_lengths = (np.diff(pairs.src_offsets) + 1).astype(np.int32)
         self.tgt_lengths = (np.diff(pairs.tgt_offsets) + 1).astype(np.int32)
         lengths = np.maximum(self.src_lengths, self.tgt_lengths)
-        self.kept = np.flatnonzero(lengths <= max_len)
+        self.kept = np.flatnonzero(lengths <= max_len).astype(np.int32)  # < 2**31 pairs
         self.lengths = lengths
         self.dropped_too_long = len(pairs) - len(self.kept)
 
