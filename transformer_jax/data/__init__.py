@@ -1,4 +1,5 @@
-"""Data: shared BPE tokenizer, parallel-text sources, token-budget batches (paper §5.1)."""
+"""Data: shared BPE tokenizer, streamed parallel-text sources, prepared (memory-mapped)
+splits, token-budget batches (paper §5.1)."""
 
 from transformer_jax.data.batching import (
     Batcher,

@@ -254,7 +254,8 @@ class Batcher:
         )
 
     def fill(self, planned: _Planned) -> Batch:
-        """This process's rows of one planned batch as numpy int32 arrays."""
+        """This process's rows of one planned batch as numpy int32 arrays, gathered from the
+        (memory-mapped) token arrays by numpy indexing, with no loop over pairs."""
         local = planned.num_rows // self.process_count
         first = self.process_index * local
         shape = (local, planned.length)
