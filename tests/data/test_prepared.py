@@ -21,6 +21,7 @@ from transformer_jax.data import pipeline, prepared
 from transformer_jax.data.batching import Batcher, TrainIterator
 from transformer_jax.data.sources import ReadCounts, load_pairs, stream_pairs
 from transformer_jax.training.defaults import default_config
+from transformer_jax.training.validation import validate_config
 
 # Digests of tokenizer, ids and 2 x 2 x (epoch + 5) batches (bucketed and packed, process 0
 # and 1 of 2) produced by the in-memory .npz pipeline this module replaced, on the corpora
@@ -303,3 +304,12 @@ def test_two_processes_read_disjoint_shares_of_one_prepared_split(tmp_path):
         half = len(whole) // 2
         assert shares[0]["rows"][step] == whole[:half].tolist()
         assert shares[1]["rows"][step] == whole[half:].tolist()
+
+
+def test_data_dir_must_be_a_directory(tmp_path):
+    config = default_config()
+    config.data.update(source="synthetic", data_dir=str(tmp_path / "file"))
+    validate_config(config)  # absent: created when the splits are prepared
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match=r"^data\.data_dir='.*file' is not a directory$"):
+        validate_config(config)
