@@ -152,8 +152,9 @@ def _plan_buckets(
         pool = np.concatenate([carry, order[bucket_of == b]])
         rows = batch_rows(tokens_per_batch, length, num_shards)
         full = len(pool) // rows * rows
+        every_row = np.arange(rows)  # one array shared by the bucket's batches
         for start in range(0, full, rows):
-            planned.append(_Planned(length, rows, pool[start : start + rows], np.arange(rows)))
+            planned.append(_Planned(length, rows, pool[start : start + rows], every_row))
         carry = pool[full:]
     if len(carry):
         planned.append(_Planned(buckets[-1], rows, carry, np.arange(len(carry))))
