@@ -17,6 +17,7 @@ chunks it finished; the chunks are then copied into a temporary directory rename
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -104,28 +105,25 @@ def _concatenate(files: list[str], path: str, dtype: np.dtype, info: dict[str, A
     info["pairs"] = int(pairs)
     tmp = f"{path}.{uuid.uuid4().hex}.tmp"
     os.makedirs(tmp)
-    create = lambda name, dt, n: np.lib.format.open_memmap(  # noqa: E731
-        os.path.join(tmp, f"{name}.npy"), "w+", dt, (int(n),)
-    )
-    out = {
-        "src": create("src", dtype, src_tokens),
-        "tgt": create("tgt", dtype, tgt_tokens),
-        "src_offsets": create("src_offsets", np.int64, pairs + 1),
-        "tgt_offsets": create("tgt_offsets", np.int64, pairs + 1),
-    }
-    out["src_offsets"][:1] = out["tgt_offsets"][:1] = 0
-    done = np.zeros(3, np.int64)
-    for file, size in zip(files, sizes, strict=True):
-        with np.load(file) as chunk:
-            for side, tokens in (("src", 1), ("tgt", 2)):
-                start = done[tokens]
-                out[side][start : start + size[tokens]] = chunk[side]
-                offsets = out[f"{side}_offsets"]
-                offsets[done[0] + 1 : done[0] + size[0] + 1] = chunk[f"{side}_offsets"][1:] + start
-        done += size
-    for array in out.values():
-        array.flush()
-    del out
+    shapes = {"src": src_tokens, "src_offsets": pairs + 1, "tgt": tgt_tokens}
+    shapes["tgt_offsets"] = pairs + 1
+    with contextlib.ExitStack() as stack:  # each file written front to back, a chunk at a time
+        out = {}
+        for name in ARRAYS:
+            out[name] = stack.enter_context(open(os.path.join(tmp, f"{name}.npy"), "wb"))
+            kind = np.dtype(np.int64) if name.endswith("_offsets") else dtype
+            header = {"descr": np.lib.format.dtype_to_descr(kind), "shape": (int(shapes[name]),)}
+            np.lib.format.write_array_header_1_0(out[name], {**header, "fortran_order": False})
+        for name in ("src_offsets", "tgt_offsets"):
+            out[name].write(np.zeros(1, np.int64).tobytes())
+        done = np.zeros(3, np.int64)
+        for file, size in zip(files, sizes, strict=True):
+            with np.load(file) as chunk:
+                for side, tokens in (("src", 1), ("tgt", 2)):
+                    out[side].write(chunk[side].astype(dtype).tobytes())
+                    offsets = chunk[f"{side}_offsets"][1:] + done[tokens]
+                    out[f"{side}_offsets"].write(offsets.astype(np.int64).tobytes())
+            done += size
     with open(os.path.join(tmp, INFO_FILE), "w") as f:
         json.dump(info, f)
     try:
