@@ -202,6 +202,16 @@ def _non_empty(pairs: Iterable[Pair], counts: ReadCounts) -> Iterator[Pair]:
             counts.skipped_empty += 1
 
 
+def _non_empty(pairs: Iterable[Pair], counts: ReadCounts) -> Iterator[Pair]:
+    """``pairs`` stripped, those with an empty side left out and counted."""
+    for s, t in pairs:
+        s, t = s.strip(), t.strip()
+        if s and t:
+            yield s, t
+        else:
+            counts.skipped_empty += 1
+
+
 def read_parallel_text(src_path: str, tgt_path: str) -> tuple[list[Pair], int]:
     """Pairs from two line-aligned files and the number of pairs skipped as empty."""
     counts = ReadCounts()
@@ -274,12 +284,3 @@ def stream_tfds(
                 yield _text(record[src_lang]), _text(record[tgt_lang])
 
     return _non_empty(records(), counts)
-
-
-def read_tfds(
-    name: str, split: str, src_lang: str, tgt_lang: str, data_dir: str | None = None
-) -> tuple[list[Pair], int]:
-    """All pairs of :func:`stream_tfds` and the number skipped as empty."""
-    counts = ReadCounts()
-    pairs = list(stream_tfds(name, split, src_lang, tgt_lang, counts, data_dir))
-    return pairs, counts.skipped_empty
