@@ -101,7 +101,9 @@ class ReadCounts:
         return {"skipped_empty": self.skipped_empty, "replaced_lines": self.replaced_lines}
 
 
-def decoded_lines(raw_lines: Iterable[bytes], name: str, counts: ReadCounts | None = None):
+def decoded_lines(
+    raw_lines: Iterable[bytes], name: str, counts: ReadCounts | None = None
+) -> Iterator[str]:
     """The lines of UTF-8 text ``raw_lines`` (as a binary file yields them), a byte-order mark
     dropped and a few undecodable bytes replaced by U+FFFD; ValueError naming ``name`` for
     UTF-16/32, binary (NUL bytes) or text in another encoding (undecodable bytes on over 1%
@@ -200,23 +202,6 @@ def _non_empty(pairs: Iterable[Pair], counts: ReadCounts) -> Iterator[Pair]:
             yield s, t
         else:
             counts.skipped_empty += 1
-
-
-def _non_empty(pairs: Iterable[Pair], counts: ReadCounts) -> Iterator[Pair]:
-    """``pairs`` stripped, those with an empty side left out and counted."""
-    for s, t in pairs:
-        s, t = s.strip(), t.strip()
-        if s and t:
-            yield s, t
-        else:
-            counts.skipped_empty += 1
-
-
-def read_parallel_text(src_path: str, tgt_path: str) -> tuple[list[Pair], int]:
-    """Pairs from two line-aligned files and the number of pairs skipped as empty."""
-    counts = ReadCounts()
-    pairs = list(stream_parallel_text(src_path, tgt_path, counts))
-    return pairs, counts.skipped_empty
 
 
 def _text(value: Any) -> str:
