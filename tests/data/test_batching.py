@@ -182,6 +182,57 @@ def test_budget_errors():
         TrainIterator(Batcher(random_pairs(10), tokens_per_batch=100, max_len=2))
 
 
+def reference_plan_packed(order, src_lengths, tgt_lengths, tokens_per_batch, max_len, shards):
+    """The packing plan's first fit, one pair at a time (the reference for ``_plan_packed``)."""
+    rows = batching.batch_rows(tokens_per_batch, max_len, shards)
+    planned, pairs, assigned = [], [], []
+    src_free, tgt_free = np.full(rows, max_len), np.full(rows, max_len)
+    for i in order:
+        ls, lt = src_lengths[i], tgt_lengths[i]
+        fits = np.flatnonzero((src_free >= ls) & (tgt_free >= lt))
+        if len(fits) == 0:
+            planned.append((pairs, assigned))
+            src_free[:], tgt_free[:] = max_len, max_len
+            pairs, assigned = [], []
+            fits = [0]
+        src_free[fits[0]] -= ls
+        tgt_free[fits[0]] -= lt
+        pairs.append(int(i))
+        assigned.append(int(fits[0]))
+    if pairs:
+        planned.append((pairs, assigned))
+    return planned
+
+
+@pytest.mark.parametrize(
+    "seed,n,shards,tokens_per_batch,max_len,longest",
+    [
+        (0, 3000, 8, 25000, 256, 120),  # base budget, rows left partly empty
+        (1, 2000, 1, 64, 16, 17),  # a few rows, pairs filling a row exactly, too-long pairs
+        (2, 1500, 2, 96, 8, 9),  # short rows, many exact fills and too-long pairs
+        (3, 1, 1, 16, 16, 16),  # one pair: the last batch is partial
+        (4, 0, 1, 16, 16, 16),  # no pair
+        (5, 4000, 4, 2048, 64, 70),  # blocks of rows partly past the last row (15 rows)
+    ],
+)
+def test_packed_plan_equals_the_pair_by_pair_first_fit(
+    seed, n, shards, tokens_per_batch, max_len, longest, monkeypatch
+):
+    monkeypatch.setattr(batching, "_FIT_CHUNK", 97)  # batches open across chunks
+    rng = np.random.default_rng(seed)
+    src_lengths = rng.integers(1, longest + 1, n).astype(np.int32)
+    tgt_lengths = rng.integers(1, longest + 1, n).astype(np.int32)
+    if n > 10:  # pairs of exactly max_len, and lengths that fill a row in a few pairs
+        src_lengths[::7], tgt_lengths[::11] = max_len, max_len
+        src_lengths[3::5], tgt_lengths[3::5] = max_len // 2, max_len // 4
+    order = rng.permutation(n).astype(np.int32)
+    args = (src_lengths, tgt_lengths, tokens_per_batch, max_len, shards)
+    planned = batching._plan_packed(order, *args)
+    reference = reference_plan_packed(order, *args)
+    assert [(p.pairs.tolist(), p.rows.tolist()) for p in planned] == reference
+    assert len(reference) >= min(n, 1) + (n > 10)  # several batches, the last one partial
+
+
 def test_packed_masks_isolate_segments():
     from transformer_jax.model.transformer import cross_attention_mask, encoder_mask
 

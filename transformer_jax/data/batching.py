@@ -161,6 +161,52 @@ def _plan_buckets(
     return planned
 
 
+_FIT_CHUNK = 1 << 16  # pairs whose lengths are Python ints at a time
+_FIT_BLOCK = 4  # rows per block of the block maxima that skip full rows
+
+
+def _first_fit(
+    src_lengths: np.ndarray, tgt_lengths: np.ndarray, rows: int, max_len: int
+) -> tuple[np.ndarray, list[int]]:
+    """First fit of pairs of these lengths, in order, into batches of ``rows`` rows of
+    ``max_len``: each pair's row, and the positions of the pairs that closed a batch (no
+    row had room, so the pair opened the next batch in row 0). The scan skips blocks of
+    rows whose largest free space is too small on one side."""
+    row_of = np.empty(len(src_lengths), np.int32)
+    closes: list[int] = []
+    blocks = -(-rows // _FIT_BLOCK)
+    src_free, tgt_free = [max_len] * rows, [max_len] * rows  # per row of the open batch
+    src_max, tgt_max = [max_len] * blocks, [max_len] * blocks  # per block of rows
+    for first in range(0, len(src_lengths), _FIT_CHUNK):
+        src = src_lengths[first : first + _FIT_CHUNK].tolist()
+        tgt = tgt_lengths[first : first + _FIT_CHUNK].tolist()
+        chosen = []
+        for k, (ls, lt) in enumerate(zip(src, tgt, strict=True), first):
+            b, r = 0, -1
+            while b < blocks:
+                if src_max[b] >= ls and tgt_max[b] >= lt:
+                    r, end = b * _FIT_BLOCK, min((b + 1) * _FIT_BLOCK, rows)
+                    while r < end and (src_free[r] < ls or tgt_free[r] < lt):
+                        r += 1
+                    if r < end:
+                        break
+                    r = -1
+                b += 1
+            if r < 0:
+                closes.append(k)
+                src_free, tgt_free = [max_len] * rows, [max_len] * rows
+                src_max, tgt_max = [max_len] * blocks, [max_len] * blocks
+                b = r = 0
+            src_free[r] -= ls
+            tgt_free[r] -= lt
+            lo = b * _FIT_BLOCK
+            src_max[b] = max(src_free[lo : lo + _FIT_BLOCK])
+            tgt_max[b] = max(tgt_free[lo : lo + _FIT_BLOCK])
+            chosen.append(r)
+        row_of[first : first + len(chosen)] = chosen
+    return row_of, closes
+
+
 def _plan_packed(
     order: np.ndarray,
     src_lengths: np.ndarray,
@@ -172,26 +218,14 @@ def _plan_packed(
     """First fit: each pair goes to the first row of the open batch with room on both sides;
     when no row has room, the batch is closed and a new one opened."""
     rows = batch_rows(tokens_per_batch, max_len, num_shards)
-    planned = []
-    src_free = np.full(rows, max_len)
-    tgt_free = np.full(rows, max_len)
-    pairs: list[int] = []
-    assigned: list[int] = []
-    for i in order:
-        ls, lt = src_lengths[i], tgt_lengths[i]
-        fits = np.flatnonzero((src_free >= ls) & (tgt_free >= lt))
-        if len(fits) == 0:
-            planned.append(_Planned(max_len, rows, np.asarray(pairs), np.asarray(assigned)))
-            src_free[:], tgt_free[:] = max_len, max_len
-            pairs, assigned = [], []
-            fits = [0]
-        row = fits[0]
-        src_free[row] -= ls
-        tgt_free[row] -= lt
-        pairs.append(i)
-        assigned.append(row)
-    if pairs:
-        planned.append(_Planned(max_len, rows, np.asarray(pairs), np.asarray(assigned)))
+    row_of, closes = _first_fit(src_lengths[order], tgt_lengths[order], rows, max_len)
+    bounds = [0, *closes]
+    planned = [
+        _Planned(max_len, rows, order[a:b], row_of[a:b])
+        for a, b in zip(bounds[:-1], closes, strict=True)
+    ]
+    if bounds[-1] < len(order):
+        planned.append(_Planned(max_len, rows, order[bounds[-1] :], row_of[bounds[-1] :]))
     return planned
 
 
