@@ -233,6 +233,20 @@ def test_packed_plan_equals_the_pair_by_pair_first_fit(
     assert len(reference) >= min(n, 1) + (n > 10)  # several batches, the last one partial
 
 
+def test_sequence_lengths_read_blocks_of_mapped_offsets(tmp_path, monkeypatch):
+    monkeypatch.setattr(batching, "_BLOCK", 7)  # 100 pairs in 15 blocks
+    rng = np.random.default_rng(0)
+    offsets = np.cumsum(np.r_[0, rng.integers(0, 40, 100)]).astype(np.int64)
+    np.save(tmp_path / "offsets.npy", offsets)
+    mapped = np.load(tmp_path / "offsets.npy", mmap_mode="r")
+    capped = np.minimum(np.diff(offsets) + 1, 33)  # ids + EOS, at most max_len + 1
+    for array, expect in ((offsets, capped), (mapped, capped), (mapped[10:], capped[10:])):
+        lengths = batching._sequence_lengths(array, 32)
+        assert lengths.dtype == np.uint16
+        assert lengths.tolist() == expect.tolist()
+    assert batching._sequence_lengths(offsets, 1 << 16).dtype == np.uint32
+
+
 def test_packed_masks_isolate_segments():
     from transformer_jax.model.transformer import cross_attention_mask, encoder_mask
 

@@ -19,6 +19,7 @@ longer than ``max_len`` are dropped and counted. The order of an epoch is a func
 from __future__ import annotations
 
 import dataclasses
+import mmap
 from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
@@ -145,11 +146,14 @@ def _plan_buckets(
     """Full batches per bucket; each bucket's remainder moves up to the next bucket, so only
     the last batch may have empty rows."""
     buckets = bucket_lengths(max_len)
-    bucket_of = np.searchsorted(np.asarray(buckets), lengths[order])
+    of_length = np.searchsorted(np.asarray(buckets), np.arange(max_len + 2))
+    of_length = of_length.astype(np.min_scalar_type(len(buckets)))
+    bucket_of = of_length[lengths[order]]
+    present = np.bincount(bucket_of, minlength=len(buckets))
     planned = []
     carry = np.zeros(0, order.dtype)
     for b, length in enumerate(buckets):
-        pool = np.concatenate([carry, order[bucket_of == b]])
+        pool = np.concatenate([carry, order[bucket_of == b]]) if present[b] else carry
         rows = batch_rows(tokens_per_batch, length, num_shards)
         full = len(pool) // rows * rows
         every_row = np.arange(rows)  # one array shared by the bucket's batches
@@ -229,6 +233,26 @@ def _plan_packed(
     return planned
 
 
+_BLOCK = 1 << 20  # pairs whose offsets are read at a time
+
+
+def _sequence_lengths(offsets: np.ndarray, max_len: int) -> np.ndarray:
+    """Each sequence's layout length (its ids + EOS or BOS), capped at ``max_len + 1`` (too
+    long), in the narrowest unsigned dtype; memory-mapped offsets are read a block at a
+    time with file reads, so their pages stay in the page cache, not in this process."""
+    dtype = np.uint16 if max_len < np.iinfo(np.uint16).max else np.uint32
+    lengths = np.empty(len(offsets) - 1, dtype)
+    for a in range(0, len(lengths), _BLOCK):
+        count = min(_BLOCK, len(lengths) - a) + 1
+        if isinstance(offsets, np.memmap) and isinstance(offsets.base, mmap.mmap):  # whole file
+            at = offsets.offset + a * offsets.itemsize
+            block = np.fromfile(offsets.filename, offsets.dtype, count, offset=at)
+        else:
+            block = offsets[a : a + count]
+        lengths[a : a + count - 1] = np.minimum(np.diff(block) + 1, max_len + 1)
+    return lengths
+
+
 class Batcher:
     """Plans and fills batches of ``pairs`` under a token budget (see module docstring).
 
@@ -260,11 +284,14 @@ class Batcher:
         self.process_index = process_index
         self.process_count = process_count
         batch_rows(tokens_per_batch, max_len, num_shards)  # validates the budget early
-        self.src_lengths = (np.diff(pairs.src_offsets) + 1).astype(np.int32)
-        self.tgt_lengths = (np.diff(pairs.tgt_offsets) + 1).astype(np.int32)
-        lengths = np.maximum(self.src_lengths, self.tgt_lengths)
-        self.kept = np.flatnonzero(lengths <= max_len).astype(np.int32)  # < 2**31 pairs
-        self.lengths = lengths
+        self.src_lengths = _sequence_lengths(pairs.src_offsets, max_len)
+        self.tgt_lengths = _sequence_lengths(pairs.tgt_offsets, max_len)
+        self.lengths = np.maximum(self.src_lengths, self.tgt_lengths)
+        kept = [  # < 2**31 pairs
+            np.flatnonzero(self.lengths[a : a + _BLOCK] <= max_len).astype(np.int32) + a
+            for a in range(0, len(pairs), _BLOCK)
+        ]
+        self.kept = np.concatenate([np.zeros(0, np.int32), *kept])
         self.dropped_too_long = len(pairs) - len(self.kept)
 
     def with_pairs(self, pairs: EncodedPairs) -> Batcher:
