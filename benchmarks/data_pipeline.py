@@ -25,6 +25,7 @@ token x 50,000). "headroom" is host batches/s over that.
 
     python benchmarks/data_pipeline.py --sizes 30000,300000 --json data.json
     python benchmarks/data_pipeline.py --smoke
+    python benchmarks/data_pipeline.py --sizes 3000000 --keep /tmp/c3m  # again: start only
 """
 
 from __future__ import annotations
@@ -142,15 +143,29 @@ def gpu_steps_per_s(mean_src: float, mean_tgt: float, mfu: float) -> float:
     return GPUS * H100_BF16_FLOPS * mfu / (per_token * 2 * 25_000)
 
 
+def _done(stage: str, directory: str) -> bool:
+    """Whether ``stage``'s output is already in ``directory`` (``--keep``)."""
+    if stage == "tokenizer":
+        return os.path.isfile(os.path.join(directory, "run", "tokenizer.model"))
+    cache = os.path.join(directory, "run", "data_cache")
+    return (
+        stage == "encode"
+        and os.path.isdir(cache)
+        and any(os.path.isfile(os.path.join(cache, f, "info.json")) for f in os.listdir(cache))
+    )
+
+
 def measure(n: int, args: argparse.Namespace) -> dict[str, Any]:
-    directory = tempfile.mkdtemp(prefix=f"data-pipeline-{n}-")
+    directory = args.keep or tempfile.mkdtemp(prefix=f"data-pipeline-{n}-")
     try:
-        result: dict[str, Any] = {"pairs": n, "write_corpus": write_corpus(directory, n)}
-        stages = ("tokenizer", "encode", "start bucketed", "start packed")
-        for stage in stages:
-            result[stage] = stage_in_process(stage, directory, args)
-        files = os.listdir(os.path.join(directory, "run", "data_cache"))
-        (prepared,) = [os.path.join(directory, "run", "data_cache", f) for f in files]
+        result: dict[str, Any] = {"pairs": n}
+        if not os.path.isfile(os.path.join(directory, "test.de")):
+            result["write_corpus"] = write_corpus(directory, n)
+        for stage in ("tokenizer", "encode", "start bucketed", "start packed"):
+            if not (args.keep and _done(stage, directory)):
+                result[stage] = stage_in_process(stage, directory, args)
+        cache = os.path.join(directory, "run", "data_cache")
+        (prepared,) = [os.path.join(cache, f) for f in os.listdir(cache) if "." not in f]
         result["prepared_bytes"] = sum(
             os.path.getsize(os.path.join(prepared, f)) for f in os.listdir(prepared)
         )
@@ -160,13 +175,16 @@ def measure(n: int, args: argparse.Namespace) -> dict[str, Any]:
         )
         return result
     finally:
-        shutil.rmtree(directory, ignore_errors=True)
+        if not args.keep:
+            shutil.rmtree(directory, ignore_errors=True)
 
 
 def rows_of(result: dict[str, Any]) -> list[list[Any]]:
     gib = 1 << 30
     rows = []
     for stage in ("tokenizer", "encode", "start bucketed", "start packed"):
+        if stage not in result:  # already done in --keep's directory
+            continue
         record = result[stage]
         rate = record.get("batches_per_s", float("nan"))
         rows.append(
@@ -192,6 +210,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--mfu", type=float, default=0.4, help="the GPUs' assumed MFU")
     parser.add_argument("--smoke", action="store_true", help="2,000 pairs, small batches")
     parser.add_argument("--json", help="write the results to this file")
+    parser.add_argument(
+        "--keep",
+        help="one size's corpus and preparation in this directory, kept; the stages whose "
+        "output is there already (tokenizer, prepared split) are skipped",
+    )
     parser.add_argument("--stage", help=argparse.SUPPRESS)
     parser.add_argument("--dir", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -204,6 +227,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         raise ValueError("--sizes and --batches must be positive, --mfu in (0, 1]")
     if args.smoke:
         sizes, args.vocab, args.batches = [2000], 400, 3
+    if args.keep and len(sizes) != 1:
+        raise ValueError("--keep takes one size")
     print(f"CPU: {cpu_model()} ({os.cpu_count()} cores)")
     results = [measure(n, args) for n in sizes]
     headers = [
