@@ -12,7 +12,8 @@ Each stage then runs in its own process, timed and with its peak RSS (``ru_maxrs
   arrays);
 * ``start bucketed`` / ``start packed``: a prepared run's start, ``train_iterator`` (mapping
   the files, the first epoch's plan) and its first batch; "RSS added" is the process's
-  resident memory after it minus before it (imports done);
+  resident memory after it minus before it (imports done), "anon added" the part not
+  pages of the mapped files (those are shared by a host's processes and evictable);
 * then ``--batches`` batches: host batches/s and real target tokens/s, with the base
   config's batching (``data.tokens_per_batch`` 25,000, ``data.max_len`` 256, 8 shards),
   one process filling every row (a process of a multi-host run fills only its share).
@@ -80,9 +81,11 @@ def data_config(directory: str, smoke: bool) -> Any:
     return config
 
 
-def rss_bytes() -> int:
+def rss_bytes() -> tuple[int, int]:
+    """Resident bytes of this process: all, and anonymous (not pages of mapped files)."""
     with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        resident, shared = (int(x) * os.sysconf("SC_PAGE_SIZE") for x in f.read().split()[1:3])
+    return resident, resident - shared
 
 
 def run_stage(stage: str, directory: str, vocab: int, batches: int, smoke: bool) -> dict:
@@ -107,7 +110,11 @@ def run_stage(stage: str, directory: str, vocab: int, batches: int, smoke: bool)
             iterator = pipeline.train_iterator(config, workdir, tokenizer, num_shards=GPUS)
             next(iterator)
             record["seconds"] = time.perf_counter() - start
-            record["rss_added"] = rss_bytes() - before
+            (resident, anon), (resident_before, anon_before) = rss_bytes(), before
+            record["rss_added"], record["anon_added"] = (
+                resident - resident_before,
+                anon - anon_before,
+            )
             pairs = iterator.batcher.pairs
             record["mean_src_len"] = float(pairs.src_offsets[-1] / len(pairs))
             record["mean_tgt_len"] = float(pairs.tgt_offsets[-1] / len(pairs))
@@ -194,6 +201,7 @@ def rows_of(result: dict[str, Any]) -> list[list[Any]]:
                 record["seconds"],
                 record["peak_rss"] / gib,
                 record.get("rss_added", float("nan")) / gib,
+                record.get("anon_added", float("nan")) / gib,
                 rate,
                 record.get("tgt_tokens_per_s", float("nan")),
                 rate / result["gpu_steps_per_s"],
@@ -237,6 +245,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "seconds",
         "peak RSS GiB",
         "RSS added GiB",
+        "anon added GiB",
         "batches/s",
         "tgt tokens/s",
         "headroom",

@@ -149,11 +149,10 @@ def _plan_buckets(
     of_length = np.searchsorted(np.asarray(buckets), np.arange(max_len + 2))
     of_length = of_length.astype(np.min_scalar_type(len(buckets)))
     bucket_of = of_length[lengths[order]]
-    present = np.bincount(bucket_of, minlength=len(buckets))
     planned = []
     carry = np.zeros(0, order.dtype)
     for b, length in enumerate(buckets):
-        pool = np.concatenate([carry, order[bucket_of == b]]) if present[b] else carry
+        pool = np.concatenate([carry, order[bucket_of == b]])
         rows = batch_rows(tokens_per_batch, length, num_shards)
         full = len(pool) // rows * rows
         every_row = np.arange(rows)  # one array shared by the bucket's batches
