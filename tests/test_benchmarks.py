@@ -624,3 +624,13 @@ def test_gpu_check_smoke(tmp_path):
     assert train["config"] == "tiny" and train["tokens_per_s"] > 0 and train["plan_memory_gib"] > 0
     assert decode["sentences_per_s"] > 0
     assert json.loads(out.read_text())["device"] == payload["device"]
+
+
+@pytest.mark.slow  # four stage processes, each importing JAX (~45 s)
+def test_data_pipeline_smoke():
+    payload = _script("data_pipeline").main(["--smoke"])
+    (result,) = payload["results"]
+    assert result["pairs"] == 2000 and result["prepared_bytes"] > 0
+    for stage in ("start bucketed", "start packed"):
+        assert result[stage]["batches_per_s"] > 0 and result[stage]["tgt_tokens_per_s"] > 0
+    assert result["encode"]["peak_rss"] > 0 and result["gpu_steps_per_s"] > 0

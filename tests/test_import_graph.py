@@ -53,6 +53,7 @@ CLI_SHIMS = {
     "transformer_jax.train",
     "transformer_jax.download",
     "transformer_jax.plan",
+    "transformer_jax.data.prepare",
 }
 # Leaf modules hold the ids and enums that others validate against: they import no other
 # package module except other leaves (modules that import nothing from the package).

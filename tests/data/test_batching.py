@@ -182,6 +182,71 @@ def test_budget_errors():
         TrainIterator(Batcher(random_pairs(10), tokens_per_batch=100, max_len=2))
 
 
+def reference_plan_packed(order, src_lengths, tgt_lengths, tokens_per_batch, max_len, shards):
+    """The packing plan's first fit, one pair at a time (the reference for ``_plan_packed``)."""
+    rows = batching.batch_rows(tokens_per_batch, max_len, shards)
+    planned, pairs, assigned = [], [], []
+    src_free, tgt_free = np.full(rows, max_len), np.full(rows, max_len)
+    for i in order:
+        ls, lt = src_lengths[i], tgt_lengths[i]
+        fits = np.flatnonzero((src_free >= ls) & (tgt_free >= lt))
+        if len(fits) == 0:
+            planned.append((pairs, assigned))
+            src_free[:], tgt_free[:] = max_len, max_len
+            pairs, assigned = [], []
+            fits = [0]
+        src_free[fits[0]] -= ls
+        tgt_free[fits[0]] -= lt
+        pairs.append(int(i))
+        assigned.append(int(fits[0]))
+    if pairs:
+        planned.append((pairs, assigned))
+    return planned
+
+
+@pytest.mark.parametrize(
+    "seed,n,shards,tokens_per_batch,max_len,longest",
+    [
+        (0, 3000, 8, 25000, 256, 120),  # base budget, rows left partly empty
+        (1, 2000, 1, 64, 16, 17),  # a few rows, pairs filling a row exactly, too-long pairs
+        (2, 1500, 2, 96, 8, 9),  # short rows, many exact fills and too-long pairs
+        (3, 1, 1, 16, 16, 16),  # one pair: the last batch is partial
+        (4, 0, 1, 16, 16, 16),  # no pair
+        (5, 4000, 4, 2048, 64, 70),  # blocks of rows partly past the last row (15 rows)
+    ],
+)
+def test_packed_plan_equals_the_pair_by_pair_first_fit(
+    seed, n, shards, tokens_per_batch, max_len, longest, monkeypatch
+):
+    monkeypatch.setattr(batching, "_FIT_CHUNK", 97)  # batches open across chunks
+    rng = np.random.default_rng(seed)
+    src_lengths = rng.integers(1, longest + 1, n).astype(np.int32)
+    tgt_lengths = rng.integers(1, longest + 1, n).astype(np.int32)
+    if n > 10:  # pairs of exactly max_len, and lengths that fill a row in a few pairs
+        src_lengths[::7], tgt_lengths[::11] = max_len, max_len
+        src_lengths[3::5], tgt_lengths[3::5] = max_len // 2, max_len // 4
+    order = rng.permutation(n).astype(np.int32)
+    args = (src_lengths, tgt_lengths, tokens_per_batch, max_len, shards)
+    planned = batching._plan_packed(order, *args)
+    reference = reference_plan_packed(order, *args)
+    assert [(p.pairs.tolist(), p.rows.tolist()) for p in planned] == reference
+    assert len(reference) >= min(n, 1) + (n > 10)  # several batches, the last one partial
+
+
+def test_sequence_lengths_read_blocks_of_mapped_offsets(tmp_path, monkeypatch):
+    monkeypatch.setattr(batching, "_BLOCK", 7)  # 100 pairs in 15 blocks
+    rng = np.random.default_rng(0)
+    offsets = np.cumsum(np.r_[0, rng.integers(0, 40, 100)]).astype(np.int64)
+    np.save(tmp_path / "offsets.npy", offsets)
+    mapped = np.load(tmp_path / "offsets.npy", mmap_mode="r")
+    capped = np.minimum(np.diff(offsets) + 1, 33)  # ids + EOS, at most max_len + 1
+    for array, expect in ((offsets, capped), (mapped, capped), (mapped[10:], capped[10:])):
+        lengths = batching._sequence_lengths(array, 32)
+        assert lengths.dtype == np.uint16
+        assert lengths.tolist() == expect.tolist()
+    assert batching._sequence_lengths(offsets, 1 << 16).dtype == np.uint32
+
+
 def test_packed_masks_isolate_segments():
     from transformer_jax.model.transformer import cross_attention_mask, encoder_mask
 
@@ -262,7 +327,7 @@ def test_pipeline_trains_tokenizer_once_and_caches_ids(tmp_path):
     assert pipeline.get_tokenizer(config, workdir, 500).fingerprint == tokenizer.fingerprint
     encoded = pipeline.encoded_split(config, "validation", tokenizer, workdir)
     (cache,) = os.listdir(os.path.join(workdir, "data_cache"))
-    assert cache.startswith("validation-") and cache.endswith(".npz")
+    assert cache.startswith("validation-") and encoded.src.dtype == np.uint16
     cached = pipeline.encoded_split(config, "validation", tokenizer, workdir)
     np.testing.assert_array_equal(cached.tgt, encoded.tgt)
     np.testing.assert_array_equal(cached.src_offsets, encoded.src_offsets)

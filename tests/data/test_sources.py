@@ -6,8 +6,23 @@ import logging
 import pytest
 import tensorflow_datasets as tfds
 
-from transformer_jax.data.sources import load_pairs, read_parallel_text, read_tfds
+from transformer_jax.data.sources import (
+    ReadCounts,
+    load_pairs,
+    stream_parallel_text,
+    stream_tfds,
+)
 from transformer_jax.training.defaults import default_config
+
+
+def read_parallel_text(src_path, tgt_path):
+    counts = ReadCounts()
+    return list(stream_parallel_text(src_path, tgt_path, counts)), counts.skipped_empty
+
+
+def read_tfds(name, split, src_lang, tgt_lang, data_dir=None):
+    counts = ReadCounts()
+    return list(stream_tfds(name, split, src_lang, tgt_lang, counts, data_dir)), counts
 
 
 def data_config(**changes):

@@ -354,8 +354,9 @@ def test_truncated_files_are_one_line_or_rebuilt(prepared, tmp_path, capsys):  #
     tokenizer = load_tokenizer(os.path.join(workdir, "tokenizer.model"))
     cache = os.path.join(workdir, "data_cache")
     (name,) = [n for n in os.listdir(cache) if n.startswith("validation-")]
-    good = open(os.path.join(cache, name), "rb").read()
-    open(os.path.join(cache, name), "wb").write(good[: len(good) // 2])
+    tokens = os.path.join(cache, name, "src.npy")
+    good = open(tokens, "rb").read()
+    open(tokens, "wb").write(good[: len(good) // 2])
     encoded = pipeline.encoded_split(config.data, "validation", tokenizer, workdir)
     assert "is unreadable" in capsys.readouterr().out and len(encoded) == 1000
     np.testing.assert_array_equal(

@@ -1,5 +1,6 @@
 """``{workdir}/run_info.json``: the facts a started run prints, in a file tools read."""
 
+import dataclasses
 import os
 import sys
 
@@ -34,7 +35,10 @@ def _config(steps: int):
 def test_run_info_counts_pairs_batches_and_tokens_with_their_eos():
     sources = [[5, 6], [7], [5, 6, 7, 8, 9, 10]]  # the third is longer than max_len=4
     targets = [[8, 9, 10], [11, 12], [5]]
-    batcher = Batcher(EncodedPairs.from_lists(sources, targets), tokens_per_batch=8, max_len=4)
+    pairs = EncodedPairs.from_lists(sources, targets)
+    read = {"skipped_empty": 2, "replaced_lines": 1}  # what a prepared split's reading counted
+    pairs = dataclasses.replace(pairs, read_counts=read)
+    batcher = Batcher(pairs, tokens_per_batch=8, max_len=4)
     config = _config(steps=1)
     config.data.max_len = 4
     info = run_info(config, 300, TrainIterator(batcher))
@@ -43,6 +47,7 @@ def test_run_info_counts_pairs_batches_and_tokens_with_their_eos():
     assert info["target_tokens_per_epoch"] == (3 + 1) + (2 + 1)
     assert info["batches_per_epoch"] == 1 and info["vocab_size"] == 300
     assert info["devices"] >= 1 and info["processes"] == 1 and info["parallel"] == "pmap"
+    assert info["skipped_empty"] == 2 and info["replaced_lines"] == 1
     assert describe_run_info(info).startswith(
         "2 training pairs (1 longer than data.max_len=4 dropped), 1 batches per epoch; "
         "vocabulary 300; "

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
-from transformer_jax.cli import average, download, evaluate, plan, train, translate
+from transformer_jax.cli import average, download, evaluate, plan, prepare, train, translate
 
 # command -> (its module, whose main() reads sys.argv and returns or exits with the status;
 # what it does, for the usage)
@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[ModuleType, str]] = {
     "evaluate": (evaluate, "translate a test set and score it with BLEU"),
     "average": (average, "average a run's last checkpoints (paper §6.1)"),
     "download": (download, "download a data set (Multi30k) for the text source"),
+    "prepare": (prepare, "tokenize and binarize a run's data splits (train.py does it if absent)"),
     "plan": (plan, "compile a run's GPU programs without a GPU: memory, batch, step time"),
 }
 PROG = "transformer-jax"

@@ -171,13 +171,18 @@ def _load_config() -> ml_collections.ConfigDict:
     return config
 
 
-def _train(argv: list[str]) -> None:
-    """Train and evaluate the run of the parsed flags; exit with the code of how it ended."""
+def config_and_workdir(argv: list[str]) -> tuple[ml_collections.ConfigDict, str]:
+    """The config and workdir of the parsed flags (``--workdir``, else runs/<config name>)."""
     if len(argv) > 1:
         _fail(f"unexpected arguments: {argv[1:]}", EXIT_USAGE)
     config = _load_config()
     name = os.path.splitext(os.path.basename(_config_path()))[0]
-    workdir = FLAGS.workdir or os.path.join("runs", name)
+    return config, FLAGS.workdir or os.path.join("runs", name)
+
+
+def _train(argv: list[str]) -> None:
+    """Train and evaluate the run of the parsed flags; exit with the code of how it ended."""
+    config, workdir = config_and_workdir(argv)
     logging.set_verbosity(logging.WARNING)  # Orbax logs every file it writes at INFO
     _quiet_orbax()
     multihost = False

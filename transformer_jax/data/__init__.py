@@ -1,4 +1,5 @@
-"""Data: shared BPE tokenizer, parallel-text sources, token-budget batches (paper §5.1)."""
+"""Data: shared BPE tokenizer, streamed parallel-text sources, prepared (memory-mapped)
+splits, token-budget batches (paper §5.1)."""
 
 from transformer_jax.data.batching import (
     Batcher,
@@ -12,6 +13,9 @@ from transformer_jax.data.pipeline import (
     encoded_split,
     eval_split_batches,
     get_tokenizer,
+    prepare_data,
+    prepared_path,
+    run_splits,
     train_iterator,
 )
 from transformer_jax.data.sources import SOURCES, load_pairs
@@ -44,6 +48,9 @@ __all__ = [
     "load_pairs",
     "load_tokenizer",
     "padding_efficiency",
+    "prepare_data",
+    "prepared_path",
+    "run_splits",
     "synthetic_pairs",
     "train_iterator",
     "train_tokenizer",

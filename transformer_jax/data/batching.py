@@ -19,6 +19,7 @@ longer than ``max_len`` are dropped and counted. The order of an epoch is a func
 from __future__ import annotations
 
 import dataclasses
+import mmap
 from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
@@ -39,12 +40,14 @@ def _flat(seqs: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
 @dataclasses.dataclass(frozen=True)
 class EncodedPairs:
     """Token ids of N pairs (no BOS/EOS), stored flat: pair i's source is
-    ``src[src_offsets[i]:src_offsets[i + 1]]``."""
+    ``src[src_offsets[i]:src_offsets[i + 1]]`` (numpy arrays or memory-mapped ones of a
+    prepared split); ``read_counts`` says what reading the split skipped or replaced."""
 
     src: np.ndarray
     src_offsets: np.ndarray
     tgt: np.ndarray
     tgt_offsets: np.ndarray
+    read_counts: dict[str, int] = dataclasses.field(default_factory=dict, compare=False)
 
     @classmethod
     def from_lists(cls, src: Sequence[Sequence[int]], tgt: Sequence[Sequence[int]]) -> EncodedPairs:
@@ -105,6 +108,28 @@ def padding_efficiency(batch: Batch) -> float:
     return real / slots
 
 
+def _ragged(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For sequences of ``lengths`` laid end to end: each element's sequence and its index
+    within that sequence."""
+    owner = np.repeat(np.arange(len(lengths)), lengths)
+    starts = np.cumsum(lengths) - lengths
+    return owner, np.arange(len(owner)) - starts[owner]
+
+
+def _place(rows: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Items of ``sizes`` laid end to end in their ``rows`` in the given order: where each
+    starts in its row and its rank there (0, 1, ...)."""
+    order = np.argsort(rows, kind="stable")
+    by_row, sized = rows[order], sizes[order]
+    first = np.flatnonzero(np.r_[True, by_row[1:] != by_row[:-1]])  # each row's first item
+    group = np.repeat(np.arange(len(first)), np.diff(np.r_[first, len(order)]))
+    before = np.cumsum(sized) - sized
+    start, rank = np.empty_like(before), np.empty_like(before)
+    start[order] = before - before[first][group]
+    rank[order] = np.arange(len(order)) - first[group]
+    return start, rank
+
+
 @dataclasses.dataclass(frozen=True)
 class _Planned:
     """One batch of the epoch plan: pair ``pairs[k]`` goes to row ``rows[k]``."""
@@ -121,19 +146,68 @@ def _plan_buckets(
     """Full batches per bucket; each bucket's remainder moves up to the next bucket, so only
     the last batch may have empty rows."""
     buckets = bucket_lengths(max_len)
-    bucket_of = np.searchsorted(np.asarray(buckets), lengths[order])
+    of_length = np.searchsorted(np.asarray(buckets), np.arange(max_len + 2))
+    of_length = of_length.astype(np.min_scalar_type(len(buckets)))
+    bucket_of = of_length[lengths[order]]
     planned = []
-    carry = np.zeros(0, np.int64)
+    carry = np.zeros(0, order.dtype)
     for b, length in enumerate(buckets):
         pool = np.concatenate([carry, order[bucket_of == b]])
         rows = batch_rows(tokens_per_batch, length, num_shards)
         full = len(pool) // rows * rows
+        every_row = np.arange(rows)  # one array shared by the bucket's batches
         for start in range(0, full, rows):
-            planned.append(_Planned(length, rows, pool[start : start + rows], np.arange(rows)))
+            planned.append(_Planned(length, rows, pool[start : start + rows], every_row))
         carry = pool[full:]
     if len(carry):
         planned.append(_Planned(buckets[-1], rows, carry, np.arange(len(carry))))
     return planned
+
+
+_FIT_CHUNK = 1 << 16  # pairs whose lengths are Python ints at a time
+_FIT_BLOCK = 4  # rows per block of the block maxima that skip full rows
+
+
+def _first_fit(
+    src_lengths: np.ndarray, tgt_lengths: np.ndarray, rows: int, max_len: int
+) -> tuple[np.ndarray, list[int]]:
+    """First fit of pairs of these lengths, in order, into batches of ``rows`` rows of
+    ``max_len``: each pair's row, and the positions of the pairs that closed a batch (no
+    row had room, so the pair opened the next batch in row 0). The scan skips blocks of
+    rows whose largest free space is too small on one side."""
+    row_of = np.empty(len(src_lengths), np.int32)
+    closes: list[int] = []
+    blocks = -(-rows // _FIT_BLOCK)
+    src_free, tgt_free = [max_len] * rows, [max_len] * rows  # per row of the open batch
+    src_max, tgt_max = [max_len] * blocks, [max_len] * blocks  # per block of rows
+    for first in range(0, len(src_lengths), _FIT_CHUNK):
+        src = src_lengths[first : first + _FIT_CHUNK].tolist()
+        tgt = tgt_lengths[first : first + _FIT_CHUNK].tolist()
+        chosen = []
+        for k, (ls, lt) in enumerate(zip(src, tgt, strict=True), first):
+            b, r = 0, -1
+            while b < blocks:
+                if src_max[b] >= ls and tgt_max[b] >= lt:
+                    r, end = b * _FIT_BLOCK, min((b + 1) * _FIT_BLOCK, rows)
+                    while r < end and (src_free[r] < ls or tgt_free[r] < lt):
+                        r += 1
+                    if r < end:
+                        break
+                    r = -1
+                b += 1
+            if r < 0:
+                closes.append(k)
+                src_free, tgt_free = [max_len] * rows, [max_len] * rows
+                src_max, tgt_max = [max_len] * blocks, [max_len] * blocks
+                b = r = 0
+            src_free[r] -= ls
+            tgt_free[r] -= lt
+            lo = b * _FIT_BLOCK
+            src_max[b] = max(src_free[lo : lo + _FIT_BLOCK])
+            tgt_max[b] = max(tgt_free[lo : lo + _FIT_BLOCK])
+            chosen.append(r)
+        row_of[first : first + len(chosen)] = chosen
+    return row_of, closes
 
 
 def _plan_packed(
@@ -147,27 +221,35 @@ def _plan_packed(
     """First fit: each pair goes to the first row of the open batch with room on both sides;
     when no row has room, the batch is closed and a new one opened."""
     rows = batch_rows(tokens_per_batch, max_len, num_shards)
-    planned = []
-    src_free = np.full(rows, max_len)
-    tgt_free = np.full(rows, max_len)
-    pairs: list[int] = []
-    assigned: list[int] = []
-    for i in order:
-        ls, lt = src_lengths[i], tgt_lengths[i]
-        fits = np.flatnonzero((src_free >= ls) & (tgt_free >= lt))
-        if len(fits) == 0:
-            planned.append(_Planned(max_len, rows, np.asarray(pairs), np.asarray(assigned)))
-            src_free[:], tgt_free[:] = max_len, max_len
-            pairs, assigned = [], []
-            fits = [0]
-        row = fits[0]
-        src_free[row] -= ls
-        tgt_free[row] -= lt
-        pairs.append(i)
-        assigned.append(row)
-    if pairs:
-        planned.append(_Planned(max_len, rows, np.asarray(pairs), np.asarray(assigned)))
+    row_of, closes = _first_fit(src_lengths[order], tgt_lengths[order], rows, max_len)
+    bounds = [0, *closes]
+    planned = [
+        _Planned(max_len, rows, order[a:b], row_of[a:b])
+        for a, b in zip(bounds[:-1], closes, strict=True)
+    ]
+    if bounds[-1] < len(order):
+        planned.append(_Planned(max_len, rows, order[bounds[-1] :], row_of[bounds[-1] :]))
     return planned
+
+
+_BLOCK = 1 << 20  # pairs whose offsets are read at a time
+
+
+def _sequence_lengths(offsets: np.ndarray, max_len: int) -> np.ndarray:
+    """Each sequence's layout length (its ids + EOS or BOS), capped at ``max_len + 1`` (too
+    long), in the narrowest unsigned dtype; memory-mapped offsets are read a block at a
+    time with file reads, so their pages stay in the page cache, not in this process."""
+    dtype = np.uint16 if max_len < np.iinfo(np.uint16).max else np.uint32
+    lengths = np.empty(len(offsets) - 1, dtype)
+    for a in range(0, len(lengths), _BLOCK):
+        count = min(_BLOCK, len(lengths) - a) + 1
+        if isinstance(offsets, np.memmap) and isinstance(offsets.base, mmap.mmap):  # whole file
+            at = offsets.offset + a * offsets.itemsize
+            block = np.fromfile(offsets.filename, offsets.dtype, count, offset=at)
+        else:
+            block = offsets[a : a + count]
+        lengths[a : a + count - 1] = np.minimum(np.diff(block) + 1, max_len + 1)
+    return lengths
 
 
 class Batcher:
@@ -201,11 +283,14 @@ class Batcher:
         self.process_index = process_index
         self.process_count = process_count
         batch_rows(tokens_per_batch, max_len, num_shards)  # validates the budget early
-        self.src_lengths = np.diff(pairs.src_offsets) + 1
-        self.tgt_lengths = np.diff(pairs.tgt_offsets) + 1
-        lengths = np.maximum(self.src_lengths, self.tgt_lengths)
-        self.kept = np.flatnonzero(lengths <= max_len)
-        self.lengths = lengths
+        self.src_lengths = _sequence_lengths(pairs.src_offsets, max_len)
+        self.tgt_lengths = _sequence_lengths(pairs.tgt_offsets, max_len)
+        self.lengths = np.maximum(self.src_lengths, self.tgt_lengths)
+        kept = [  # < 2**31 pairs
+            np.flatnonzero(self.lengths[a : a + _BLOCK] <= max_len).astype(np.int32) + a
+            for a in range(0, len(pairs), _BLOCK)
+        ]
+        self.kept = np.concatenate([np.zeros(0, np.int32), *kept])
         self.dropped_too_long = len(pairs) - len(self.kept)
 
     def with_pairs(self, pairs: EncodedPairs) -> Batcher:
@@ -230,7 +315,8 @@ class Batcher:
         )
 
     def fill(self, planned: _Planned) -> Batch:
-        """This process's rows of one planned batch as numpy int32 arrays."""
+        """This process's rows of one planned batch as numpy int32 arrays, gathered from the
+        (memory-mapped) token arrays by numpy indexing, with no loop over pairs."""
         local = planned.num_rows // self.process_count
         first = self.process_index * local
         shape = (local, planned.length)
@@ -238,29 +324,31 @@ class Batcher:
         if self.packing:
             for key in ("src_segments", "src_positions", "tgt_segments", "tgt_positions"):
                 batch[key] = np.zeros(shape, np.int32)
-        src_fill = np.zeros(local, np.int64)
-        tgt_fill = np.zeros(local, np.int64)
-        segment = np.zeros(local, np.int32)
-        for i, row in zip(planned.pairs, planned.rows, strict=True):
-            r = row - first
-            if not 0 <= r < local:
-                continue
-            source, target = self.pairs.source(i), self.pairs.target(i)
-            s0, t0 = src_fill[r], tgt_fill[r]
-            s1, t1 = s0 + len(source) + 1, t0 + len(target) + 1
-            batch["src"][r, s0 : s1 - 1] = source
-            batch["src"][r, s1 - 1] = EOS_ID
-            batch["tgt_in"][r, t0] = BOS_ID
-            batch["tgt_in"][r, t0 + 1 : t1] = target
-            batch["tgt_out"][r, t0 : t1 - 1] = target
-            batch["tgt_out"][r, t1 - 1] = EOS_ID
+        mine = (planned.rows >= first) & (planned.rows < first + local)
+        pairs, rows = planned.pairs[mine], planned.rows[mine] - first
+        if len(pairs) == 0:
+            return batch
+        for side in ("src", "tgt"):
+            tokens, offsets = getattr(self.pairs, side), getattr(self.pairs, f"{side}_offsets")
+            begin = offsets[pairs]
+            lengths = offsets[pairs + 1] - begin
+            start, rank = _place(rows, lengths + 1)  # each sequence is its ids + EOS (or BOS)
+            owner, within = _ragged(lengths)
+            ids = tokens[begin[owner] + within]
+            r, c = rows[owner], start[owner] + within
+            if side == "src":
+                batch["src"][r, c] = ids
+                batch["src"][rows, start + lengths] = EOS_ID
+            else:
+                batch["tgt_in"][rows, start] = BOS_ID
+                batch["tgt_in"][r, c + 1] = ids
+                batch["tgt_out"][r, c] = ids
+                batch["tgt_out"][rows, start + lengths] = EOS_ID
             if self.packing:
-                segment[r] += 1
-                batch["src_segments"][r, s0:s1] = segment[r]
-                batch["src_positions"][r, s0:s1] = np.arange(s1 - s0)
-                batch["tgt_segments"][r, t0:t1] = segment[r]
-                batch["tgt_positions"][r, t0:t1] = np.arange(t1 - t0)
-            src_fill[r], tgt_fill[r] = s1, t1
+                owner, within = _ragged(lengths + 1)
+                r, c = rows[owner], start[owner] + within
+                batch[f"{side}_segments"][r, c] = rank[owner] + 1
+                batch[f"{side}_positions"][r, c] = within
         return batch
 
 

@@ -1,26 +1,41 @@
 """From a run config and a workdir to a tokenizer and batches (what ``train.py`` calls).
 
 The tokenizer is trained once on the training split and saved as
-``{workdir}/tokenizer.model``; each split's token ids are cached in
-``{workdir}/data_cache/{split}-{key}.npz``, keyed by the tokenizer and the data source, so a
-restarted run neither retrains nor re-encodes.
+``{workdir}/tokenizer.model``; each split is prepared once into
+``{data.data_dir or workdir/data_cache}/{split}-{key}/`` (:mod:`transformer_jax.data.prepared`),
+keyed by the tokenizer and the data source, and read memory-mapped, so a restarted run
+neither retrains nor re-encodes. :func:`prepare_data` prepares a run's splits (``train.py``
+calls it on process 0 before training; ``python -m transformer_jax.data.prepare`` alone).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import json
 import os
-import uuid
-import zipfile
+import shutil
 from typing import Any
 
 import jax
 import numpy as np
 
 from transformer_jax.data.batching import Batch, Batcher, EncodedPairs, TrainIterator, eval_batches
-from transformer_jax.data.sources import load_pairs, text_path
+from transformer_jax.data.prepared import (
+    CHUNK_PAIRS,
+    open_split,
+    read_spool,
+    spool_pairs,
+    write_split,
+)
+from transformer_jax.data.sources import (
+    ReadCounts,
+    count_pairs,
+    load_pairs,
+    stream_pairs,
+    text_path,
+)
 from transformer_jax.data.tokenizer import (
     Tokenizer,
     load_tokenizer,
@@ -32,23 +47,34 @@ TOKENIZER_FILE = "tokenizer.model"
 CACHE_DIR = "data_cache"
 
 
+def _side(data_config: Any, split: str, side: int) -> Any:
+    """One side (0 source, 1 target) of the pairs of ``split``, streamed."""
+    return (pair[side] for pair in stream_pairs(data_config, split, ReadCounts()))
+
+
 def get_tokenizer(
     data_config: Any, workdir: str, vocab_size: int, target_vocab_size: int | None = None
 ) -> Tokenizer:
     """``{workdir}/tokenizer.model``, trained on both sides of the training split if absent.
 
-    At most ``data.tokenizer_train_sentences`` sentences are sampled. The vocabulary may
-    come out smaller than ``vocab_size`` on a small corpus (see ``Tokenizer.vocab_size``).
-    With ``target_vocab_size`` below ``vocab_size`` its pieces are numbered by frequency on
-    the target side and targets are encoded with the first ``target_vocab_size``.
+    At most ``data.tokenizer_train_sentences`` sentences are kept, a reservoir sample of
+    the streamed split. The vocabulary may come out smaller than ``vocab_size`` on a small
+    corpus (see ``Tokenizer.vocab_size``). With ``target_vocab_size`` below ``vocab_size``
+    its pieces are numbered by frequency on the target side (a second pass over the split)
+    and targets are encoded with the first ``target_vocab_size``.
     """
     path = os.path.join(workdir, TOKENIZER_FILE)
     if os.path.isfile(path):
         return load_tokenizer(path, target_vocab_size)
-    pairs = load_pairs(data_config, data_config.train_split)
+    split, counts = data_config.train_split, ReadCounts()
     targets = None
     if target_vocab_size is not None and target_vocab_size < vocab_size:
-        targets = [t for _, t in pairs]
+        targets = _side(data_config, split, 1)
+    pairs = stream_pairs(data_config, split, counts)
+    if data_config.source == "tfds":  # kept for encoding: TFDS is read once
+        spool = _spool_path(data_config, split, workdir)
+        os.makedirs(os.path.dirname(spool), exist_ok=True)
+        pairs = spool_pairs(pairs, spool, counts)
     return train_tokenizer(
         itertools.chain.from_iterable(pairs),
         path,
@@ -60,17 +86,53 @@ def get_tokenizer(
     )
 
 
-def _cache_key(data_config: Any, split: str, tokenizer: Tokenizer) -> str:
+def _origin(data_config: Any, split: str) -> dict[str, Any]:
+    """What the pairs of ``split`` come from (text files by size and modification time)."""
     fields = ("source", "tfds_name", "text_dir", "src_lang", "tgt_lang")
     origin = {name: data_config.get(name) for name in fields}
-    origin.update(split=split, tokenizer=tokenizer.fingerprint)
-    if tokenizer.target_vocab_size is not None:
-        origin["target_vocab_size"] = tokenizer.target_vocab_size
+    origin.update(split=split)
     if data_config.source == "text":  # an edited file is encoded again
         langs = (data_config.src_lang, data_config.tgt_lang)
         stats = [os.stat(text_path(data_config.text_dir, split, lang)) for lang in langs]
         origin["files"] = [(stat.st_size, stat.st_mtime_ns) for stat in stats]
+    return origin
+
+
+def _key(origin: dict[str, Any]) -> str:
     return hashlib.sha1(json.dumps(origin, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _cache_key(data_config: Any, split: str, tokenizer: Tokenizer) -> str:
+    origin = _origin(data_config, split)
+    origin.update(tokenizer=tokenizer.fingerprint)
+    if tokenizer.target_vocab_size is not None:
+        origin["target_vocab_size"] = tokenizer.target_vocab_size
+    return _key(origin)
+
+
+def _data_dir(data_config: Any, workdir: str) -> str:
+    return data_config.get("data_dir") or os.path.join(workdir, CACHE_DIR)
+
+
+def _spool_path(data_config: Any, split: str, workdir: str) -> str:
+    """Where the pairs of a TFDS split read to train the tokenizer are kept for encoding."""
+    name = f"{split}-{_key(_origin(data_config, split))}.spool"
+    return os.path.join(_data_dir(data_config, workdir), name)
+
+
+def _pairs(data_config: Any, split: str, workdir: str, counts: ReadCounts) -> Any:
+    """The pairs of ``split``: from the spool of a TFDS split where there is one (so a
+    first start reads TFDS once), else from the source."""
+    spool = _spool_path(data_config, split, workdir)
+    if data_config.source == "tfds" and os.path.isdir(spool):
+        return read_spool(spool, counts)
+    return stream_pairs(data_config, split, counts)
+
+
+def prepared_path(data_config: Any, split: str, tokenizer: Tokenizer, workdir: str) -> str:
+    """Where ``split`` is prepared: ``{data.data_dir or workdir/data_cache}/{split}-{key}``."""
+    directory = _data_dir(data_config, workdir)
+    return os.path.join(directory, f"{split}-{_cache_key(data_config, split, tokenizer)}")
 
 
 def encode_pairs(tokenizer: Tokenizer, pairs: list[tuple[str, str]]) -> EncodedPairs:
@@ -94,38 +156,75 @@ def sample_sources(
     return plain.with_sources(tokenizer.encode_sampled(sources, dropout, sample_seed))
 
 
-def encoded_split(data_config: Any, split: str, tokenizer: Tokenizer, workdir: str) -> EncodedPairs:
-    """Token ids of all pairs of ``split``, from the workdir cache when present."""
-    path = os.path.join(
-        workdir, CACHE_DIR, f"{split}-{_cache_key(data_config, split, tokenizer)}.npz"
-    )
-    if os.path.isfile(path):
-        try:
-            with np.load(path) as cached:
-                return EncodedPairs(**{name: cached[name] for name in cached.files})
-        except (OSError, ValueError, EOFError, KeyError, TypeError, zipfile.BadZipFile) as e:
-            print(
-                f"warning: the data cache {path} is unreadable ({type(e).__name__}); rebuilding it"
-            )
-    pairs = load_pairs(data_config, split)
-    if split == data_config.train_split and tokenizer.target_vocab_size is not None:
-        targets = [t for _, t in pairs]
-        if order_by_frequency(tokenizer.model_proto, targets) != tokenizer.model_proto:
-            raise ValueError(
-                f"{os.path.join(workdir, TOKENIZER_FILE)} does not number its pieces for the "
-                f"targets of {split!r}, so model.tgt_vocab_size={tokenizer.target_vocab_size} "
-                "would keep other pieces than the most frequent: train with another --workdir "
-                "(or without model.tgt_vocab_size)"
-            )
-    encoded = encode_pairs(tokenizer, pairs)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.{uuid.uuid4().hex}.tmp"  # unique across hosts sharing the workdir
-    with open(tmp, "wb") as f:
-        np.savez(
-            f, **{k: getattr(encoded, k) for k in ("src", "src_offsets", "tgt", "tgt_offsets")}
+def _check_target_order(data_config: Any, split: str, tokenizer: Tokenizer, workdir: str) -> None:
+    """ValueError unless the tokenizer numbers its pieces for the targets of ``split``."""
+    targets = _side(data_config, split, 1)
+    if order_by_frequency(tokenizer.model_proto, targets) != tokenizer.model_proto:
+        raise ValueError(
+            f"{os.path.join(workdir, TOKENIZER_FILE)} does not number its pieces for the "
+            f"targets of {split!r}, so model.tgt_vocab_size={tokenizer.target_vocab_size} "
+            "would keep other pieces than the most frequent: train with another --workdir "
+            "(or without model.tgt_vocab_size)"
         )
-    os.replace(tmp, path)
-    return encoded
+
+
+def prepare_split(
+    data_config: Any,
+    split: str,
+    tokenizer: Tokenizer,
+    workdir: str,
+    chunk_pairs: int = CHUNK_PAIRS,
+) -> str:
+    """Prepare ``split`` unless it is (a damaged one is rebuilt); its directory."""
+    path = prepared_path(data_config, split, tokenizer, workdir)
+    if os.path.isdir(path):
+        try:
+            open_split(path)
+            return path
+        except ValueError as e:
+            print(f"warning: {e}; rebuilding it")
+            shutil.rmtree(path, ignore_errors=True)
+    if split == data_config.train_split and tokenizer.target_vocab_size is not None:
+        _check_target_order(data_config, split, tokenizer, workdir)
+    counts = ReadCounts()
+    info = write_split(
+        path,
+        _pairs(data_config, split, workdir, counts),
+        counts,
+        lambda chunk: encode_pairs(tokenizer, chunk),
+        tokenizer.vocab_size,
+        chunk_pairs=chunk_pairs,
+        total=count_pairs(data_config, split),
+        desc=f"preparing {split}",
+    )
+    if data_config.source == "tfds":
+        shutil.rmtree(_spool_path(data_config, split, workdir), ignore_errors=True)
+    print(
+        f"{split}: {info['pairs']} pairs prepared in {path} ({info['skipped_empty']} skipped "
+        f"for an empty side, {info['replaced_lines']} lines with undecodable bytes replaced "
+        "by U+FFFD)"
+    )
+    return path
+
+
+def run_splits(data_config: Any, final_test: bool) -> list[str]:
+    """The splits a run reads: training, dev, and test when ``train.final_test``."""
+    test = [data_config.test_split] if final_test else []
+    return [data_config.train_split, data_config.eval_split, *test]
+
+
+def prepare_data(data_config: Any, workdir: str, tokenizer: Tokenizer, splits: list[str]) -> None:
+    """Prepare each of ``splits`` that is not prepared yet."""
+    for split in dict.fromkeys(splits):
+        prepare_split(data_config, split, tokenizer, workdir)
+
+
+def encoded_split(data_config: Any, split: str, tokenizer: Tokenizer, workdir: str) -> EncodedPairs:
+    """Token ids of all pairs of ``split``, memory-mapped from its prepared directory
+    (prepared first if absent); ``read_counts`` holds what reading skipped or replaced."""
+    encoded, info = open_split(prepare_split(data_config, split, tokenizer, workdir))
+    counts = {k: int(info[k]) for k in ReadCounts().as_dict()}
+    return dataclasses.replace(encoded, read_counts=counts)
 
 
 def make_batcher(

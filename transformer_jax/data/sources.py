@@ -1,47 +1,77 @@
 """Parallel text: (source sentence, target sentence) pairs from TFDS, text files or the
 embedded synthetic task, selected by ``config.data.source``.
+
+:func:`stream_pairs` reads a split as it comes (text line by line, TFDS in batches of
+records), so that preparing a corpus holds one chunk of it at a time; :func:`load_pairs`
+is the same as a list, for the small evaluation splits.
 """
 
 from __future__ import annotations
 
 import gzip
+import io
 import logging
 import os
+import zlib
+from collections.abc import Iterable, Iterator
+from itertools import zip_longest
 from typing import Any
 
 from transformer_jax.data.synthetic import synthetic_pairs
 
 SOURCES = ("tfds", "text", "synthetic")
+TFDS_READ_BATCH = 1024  # records per batched ArrayRecord read
 
 Pair = tuple[str, str]
 log = logging.getLogger(__name__)
 
 
-def load_pairs(data_config: Any, split: str) -> list[Pair]:
-    """All (src_text, tgt_text) pairs of ``split`` from ``data_config.source``.
+def stream_pairs(data_config: Any, split: str, counts: ReadCounts) -> Iterator[Pair]:
+    """The (src_text, tgt_text) pairs of ``split`` from ``data_config.source``, in order.
 
-    Pairs with an empty side are skipped (and counted in the log). Every process loads the
-    whole split; :mod:`transformer_jax.data.batching` gives each process its own rows.
+    Pairs with an empty side are skipped and counted in ``counts`` (with the lines whose
+    undecodable bytes were replaced). Every process that reads gets the whole split;
+    :mod:`transformer_jax.data.batching` gives each process its own rows.
     """
     source = data_config.source
     if source == "synthetic":
-        return synthetic_pairs(split)
-    if source == "text":
+        yield from synthetic_pairs(split)
+    elif source == "text":
         src_path = text_path(data_config.text_dir, split, data_config.src_lang)
         tgt_path = text_path(data_config.text_dir, split, data_config.tgt_lang)
-        pairs, skipped = read_parallel_text(src_path, tgt_path)
+        yield from stream_parallel_text(src_path, tgt_path, counts)
     elif source == "tfds":
-        pairs, skipped = read_tfds(
+        yield from stream_tfds(
             data_config.tfds_name,
             split,
             data_config.src_lang,
             data_config.tgt_lang,
+            counts,
             data_config.get("tfds_data_dir") or None,
         )
     else:
         raise ValueError(f"data.source must be one of {SOURCES}, got {source!r}")
-    if skipped:
-        log.info("%s/%s: skipped %d pairs with an empty side", source, split, skipped)
+
+
+def count_pairs(data_config: Any, split: str) -> int | None:
+    """The number of lines or records of ``split`` (pairs before the empty ones are
+    skipped), for a progress bar; None where unknown."""
+    if data_config.source == "synthetic":
+        return len(synthetic_pairs(split))
+    if data_config.source == "text":
+        return count_lines(text_path(data_config.text_dir, split, data_config.src_lang)) or None
+    if data_config.source == "tfds":
+        name, data_dir = data_config.tfds_name, data_config.get("tfds_data_dir") or None
+        return len(_tfds_source(name, split, data_dir))
+    return None
+
+
+def load_pairs(data_config: Any, split: str) -> list[Pair]:
+    """All pairs of ``split`` (:func:`stream_pairs`) as a list; the skipped ones logged."""
+    counts = ReadCounts()
+    pairs = list(stream_pairs(data_config, split, counts))
+    if counts.skipped_empty:
+        log.info("%s: skipped %d pairs with an empty side", split, counts.skipped_empty)
     return pairs
 
 
@@ -59,71 +89,119 @@ def text_path(text_dir: str, split: str, lang: str) -> str:
     )
 
 
-def _is_utf8(data: bytes) -> bool:
-    try:
-        data.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
+class ReadCounts:
+    """What reading a split left out or changed: pairs skipped for an empty side, and lines
+    whose undecodable bytes became U+FFFD (counted over both files)."""
+
+    def __init__(self) -> None:
+        self.skipped_empty = 0
+        self.replaced_lines = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {"skipped_empty": self.skipped_empty, "replaced_lines": self.replaced_lines}
 
 
-def split_lines(data: bytes, name: str) -> list[str]:
-    """The lines of UTF-8 text ``data``, a byte-order mark dropped and a few undecodable
-    bytes replaced by U+FFFD; ValueError naming ``name`` for UTF-16/32, binary (NUL bytes)
-    or text in another encoding (undecodable bytes on over 1% of the lines, and over 10).
+def decoded_lines(
+    raw_lines: Iterable[bytes], name: str, counts: ReadCounts | None = None
+) -> Iterator[str]:
+    """The lines of UTF-8 text ``raw_lines`` (as a binary file yields them), a byte-order mark
+    dropped and a few undecodable bytes replaced by U+FFFD; ValueError naming ``name`` for
+    UTF-16/32, binary (NUL bytes) or text in another encoding (undecodable bytes on over 1%
+    of the lines, and over 10, checked when the text ends).
 
     Lines end only at ``\\n`` (or ``\\r\\n``), not at the other separators
     ``str.splitlines`` knows, so line N of two parallel files stays aligned.
     """
-    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
-        raise ValueError(f"{name} is UTF-16 or UTF-32 text; convert it to UTF-8")
-    if b"\x00" in data:
-        raise ValueError(f"{name} holds NUL bytes: it is binary or UTF-16/32, not UTF-8 text")
-    try:
-        text, bad = data.decode("utf-8"), []
-    except UnicodeDecodeError:
-        text = data.decode("utf-8", errors="replace")
-        bad = [i for i, raw in enumerate(data.split(b"\n")) if not _is_utf8(raw)]
-    lines = text.removeprefix("\ufeff").split("\n")
-    if lines[-1] == "":
-        lines.pop()
-    if len(bad) > max(10, len(lines) // 100):
+    bad: list[int] = []
+    lines = 0
+    for n, raw in enumerate(raw_lines):
+        lines = n + 1
+        if n == 0:
+            if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
+                raise ValueError(f"{name} is UTF-16 or UTF-32 text; convert it to UTF-8")
+            raw = raw.removeprefix(b"\xef\xbb\xbf")
+        if b"\x00" in raw:
+            raise ValueError(f"{name} holds NUL bytes: it is binary or UTF-16/32, not UTF-8 text")
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            line = raw.decode("utf-8", errors="replace")
+            bad.append(n)
+            if counts is not None:
+                counts.replaced_lines += 1
+        yield line.removesuffix("\n").removesuffix("\r")
+    if len(bad) > max(10, lines // 100):
         raise ValueError(
-            f"{name} is not UTF-8: {len(bad)} of its {len(lines)} lines hold undecodable bytes "
+            f"{name} is not UTF-8: {len(bad)} of its {lines} lines hold undecodable bytes "
             f"(the first is line {bad[0] + 1}); convert it to UTF-8"
         )
-    return [line.removesuffix("\r") for line in lines]
 
 
-def read_lines(path: str) -> list[str]:
-    """Lines of a UTF-8 (optionally gzip) file (see :func:`split_lines`); ValueError naming
-    the file if it is missing, truncated or not UTF-8 text."""
+def split_lines(data: bytes, name: str) -> list[str]:
+    """The lines of UTF-8 text ``data`` (see :func:`decoded_lines`)."""
+    return list(decoded_lines(io.BytesIO(data), name))
+
+
+def stream_lines(path: str, counts: ReadCounts | None = None) -> Iterator[str]:
+    """Lines of a UTF-8 (optionally gzip) file, read as they come (see
+    :func:`decoded_lines`); ValueError naming the file if it is missing, truncated or
+    corrupt, or not UTF-8 text."""
     opener = gzip.open if path.endswith(".gz") else open
     try:
         with opener(path, "rb") as f:
-            data = f.read()
+            yield from decoded_lines(f, path, counts)
     except FileNotFoundError:
         raise ValueError(f"file {path!r} does not exist") from None
-    except (OSError, EOFError) as e:
+    except (OSError, EOFError, zlib.error) as e:  # gzip.BadGzipFile is an OSError
         raise ValueError(f"cannot read {path}: {e}") from None
-    return split_lines(data, path)
 
 
-def _clean_pairs(sources: list[str], targets: list[str]) -> tuple[list[Pair], int]:
-    pairs = [(s.strip(), t.strip()) for s, t in zip(sources, targets, strict=True)]
-    kept = [(s, t) for s, t in pairs if s and t]
-    return kept, len(pairs) - len(kept)
+def read_lines(path: str) -> list[str]:
+    """All lines of a UTF-8 (optionally gzip) file (see :func:`stream_lines`)."""
+    return list(stream_lines(path))
 
 
-def read_parallel_text(src_path: str, tgt_path: str) -> tuple[list[Pair], int]:
-    """Pairs from two line-aligned files and the number of pairs skipped as empty."""
-    sources, targets = read_lines(src_path), read_lines(tgt_path)
-    if len(sources) != len(targets):
-        raise ValueError(
-            f"parallel files differ in length: {src_path} has {len(sources)} lines, "
-            f"{tgt_path} has {len(targets)}"
-        )
-    return _clean_pairs(sources, targets)
+def count_lines(path: str) -> int:
+    """Line count of a (gzip) text file, for a progress bar's total; 0 if unreadable."""
+    opener = gzip.open if path.endswith(".gz") else open
+    total, last = 0, b"\n"
+    try:
+        with opener(path, "rb") as f:
+            while block := f.read(1 << 22):
+                total, last = total + block.count(b"\n"), block[-1:]
+    except (OSError, EOFError, zlib.error):
+        return 0
+    return total + (last != b"\n")
+
+
+def stream_parallel_text(src_path: str, tgt_path: str, counts: ReadCounts) -> Iterator[Pair]:
+    """Pairs from two line-aligned files, read as they come; ValueError naming both files
+    if they differ in length."""
+    missing = object()
+    sources, targets = stream_lines(src_path, counts), stream_lines(tgt_path, counts)
+
+    def aligned() -> Iterator[Pair]:
+        for n, (s, t) in enumerate(zip_longest(sources, targets, fillvalue=missing)):
+            if s is missing or t is missing:
+                longer = n + 1 + sum(1 for _ in (targets if s is missing else sources))
+                src_lines, tgt_lines = (n, longer) if s is missing else (longer, n)
+                raise ValueError(
+                    f"parallel files differ in length: {src_path} has {src_lines} lines, "
+                    f"{tgt_path} has {tgt_lines}"
+                )
+            yield s, t
+
+    return _non_empty(aligned(), counts)
+
+
+def _non_empty(pairs: Iterable[Pair], counts: ReadCounts) -> Iterator[Pair]:
+    """``pairs`` stripped, those with an empty side left out and counted."""
+    for s, t in pairs:
+        s, t = s.strip(), t.strip()
+        if s and t:
+            yield s, t
+        else:
+            counts.skipped_empty += 1
 
 
 def _text(value: Any) -> str:
@@ -134,15 +212,9 @@ def _text(value: Any) -> str:
     return str(value)
 
 
-def read_tfds(
-    name: str, split: str, src_lang: str, tgt_lang: str, data_dir: str | None = None
-) -> tuple[list[Pair], int]:
-    """Pairs of a TFDS translation dataset, read by language key (so ``wmt14_translate/de-en``
-    gives en->de as well as de->en).
-
-    Uses ``tfds.data_source`` (random access to ArrayRecord files), which needs no
-    TensorFlow; the dataset must already be prepared in ``data_dir`` in that format.
-    """
+def _tfds_source(name: str, split: str, data_dir: str | None) -> Any:
+    """``tfds.data_source`` of a prepared ArrayRecord dataset (random access, no
+    TensorFlow); ValueError naming the field for an unknown or unprepared dataset."""
     import tensorflow_datasets as tfds
 
     try:  # registers the translation builders (wmt14_translate, ...) without TensorFlow
@@ -150,7 +222,7 @@ def read_tfds(
     except ImportError:
         pass
     try:
-        data = tfds.data_source(name, split=split, data_dir=data_dir)
+        return tfds.data_source(name, split=split, data_dir=data_dir)
     except tfds.core.registered.DatasetNotFoundError as e:
         first_line = str(e).splitlines()[0]
         raise ValueError(f"data.tfds_name={name!r} is not a TFDS dataset: {first_line}") from None
@@ -161,15 +233,39 @@ def read_tfds(
             f"a machine with network access (`tfds build {name} --file_format=array_record "
             "--data_dir DIR`) and set data.tfds_data_dir=DIR"
         ) from None
-    sources: list[str] = []
-    targets: list[str] = []
-    for i in range(len(data)):
-        record = data[i]
-        if src_lang not in record or tgt_lang not in record:
-            raise ValueError(
-                f"data.src_lang={src_lang!r} / data.tgt_lang={tgt_lang!r} must be features "
-                f"of {name}, which has {sorted(record)}"
-            )
-        sources.append(_text(record[src_lang]))
-        targets.append(_text(record[tgt_lang]))
-    return _clean_pairs(sources, targets)
+
+
+def _read_records(data: Any, start: int, stop: int) -> list[Any]:
+    """Records ``start:stop`` of a data source in one batched read, or one by one where it
+    has none (the sources of ``tfds.testing.mock_data``)."""
+    try:
+        return list(data.__getitems__(list(range(start, stop))))
+    except (AttributeError, TypeError):
+        return [data[i] for i in range(start, stop)]
+
+
+def stream_tfds(
+    name: str,
+    split: str,
+    src_lang: str,
+    tgt_lang: str,
+    counts: ReadCounts,
+    data_dir: str | None = None,
+) -> Iterator[Pair]:
+    """Pairs of a TFDS translation dataset read by language key (so
+    ``wmt14_translate/de-en`` gives en->de as well as de->en), ``TFDS_READ_BATCH``
+    records at a time; the dataset must already be prepared in ``data_dir`` as ArrayRecord.
+    """
+    data = _tfds_source(name, split, data_dir)
+
+    def records() -> Iterator[Pair]:
+        for start in range(0, len(data), TFDS_READ_BATCH):
+            for record in _read_records(data, start, min(start + TFDS_READ_BATCH, len(data))):
+                if src_lang not in record or tgt_lang not in record:
+                    raise ValueError(
+                        f"data.src_lang={src_lang!r} / data.tgt_lang={tgt_lang!r} must be "
+                        f"features of {name}, which has {sorted(record)}"
+                    )
+                yield _text(record[src_lang]), _text(record[tgt_lang])
+
+    return _non_empty(records(), counts)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import itertools
 import os
 import random
 import uuid
@@ -26,6 +27,7 @@ from transformer_jax.ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 NUM_SPECIAL_IDS = 4  # PAD, UNK, BOS, EOS: ids 0-3, before every piece
 # the specials + 256 byte-fallback pieces (+ the characters of the corpus)
 MIN_VOCAB_SIZE = NUM_SPECIAL_IDS + 256
+ORDER_CHUNK = 100_000  # target sentences encoded at a time to count their pieces
 _Piece = sentencepiece_model_pb2.ModelProto.SentencePiece
 
 
@@ -118,14 +120,19 @@ def _unused_from(model_proto: bytes, first: int) -> bytes:
     return model.SerializeToString()
 
 
-def order_by_frequency(model_proto: bytes, texts: Sequence[str]) -> bytes:
+def order_by_frequency(model_proto: bytes, texts: Iterable[str]) -> bytes:
     """``model_proto`` with the same segmentation, its pieces renumbered for ``texts``: after
     the special ids the pieces of their characters (so that any first pieces past those spell
     every word of ``texts``), then the others; each group by how often the pieces occur in
-    ``texts``, most frequent first (ties and absent pieces keep their order)."""
+    ``texts``, most frequent first (ties and absent pieces keep their order). ``texts`` is
+    read once, ``ORDER_CHUNK`` at a time."""
     processor = spm.SentencePieceProcessor(model_proto=model_proto)
-    counts = Counter(i for row in processor.encode(list(texts)) for i in row)
-    characters = {c for text in texts for c in text.replace(" ", "\u2581")} | {"\u2581"}
+    counts: Counter[int] = Counter()
+    characters = {"\u2581"}
+    iterator = iter(texts)
+    while chunk := list(itertools.islice(iterator, ORDER_CHUNK)):
+        counts.update(i for row in processor.encode(chunk) for i in row)
+        characters.update(c for text in chunk for c in text.replace(" ", "\u2581"))
     spelling = {processor.piece_to_id(c) for c in characters} - {UNK_ID}
     model = sentencepiece_model_pb2.ModelProto()
     model.ParseFromString(model_proto)
@@ -159,7 +166,7 @@ def train_tokenizer(
     *,
     max_sentences: int | None = None,
     seed: int = 0,
-    targets: Sequence[str] | None = None,
+    targets: Iterable[str] | None = None,
     target_vocab_size: int | None = None,
 ) -> Tokenizer:
     """Train a BPE model on ``sentences`` (both languages), save it to ``path``.
@@ -169,17 +176,17 @@ def train_tokenizer(
     (a deterministic sample) are used. Training is quiet and deterministic. With ``targets``
     (the target side) the pieces are numbered by their frequency there
     (:func:`order_by_frequency`); the tokenizer returned limits them to
-    ``target_vocab_size``.
+    ``target_vocab_size``. ``sentences`` and ``targets`` are read once, as they come.
     """
     if not isinstance(vocab_size, int) or vocab_size < MIN_VOCAB_SIZE:
         raise ValueError(
             f"model.vocab_size must be an integer >= {MIN_VOCAB_SIZE} (4 special ids + 256 "
             f"byte-fallback pieces), got {vocab_size!r}"
         )
-    texts = [s.strip() for s in sentences]
+    stripped = (s.strip() for s in sentences)  # streamed: at most max_sentences are held
     if max_sentences is not None:
-        texts = sample_sentences(texts, max_sentences, seed)
-    texts = [t for t in texts if t]
+        stripped = sample_sentences(stripped, max_sentences, seed)
+    texts = [t for t in stripped if t]
     if not texts:
         raise ValueError("cannot train a tokenizer: no non-empty training sentences")
     model = io.BytesIO()

@@ -39,6 +39,7 @@ def default_config() -> ml_collections.ConfigDict:
     config.data.tgt_lang = "de"
     config.data.text_dir = ""  # for source='text': {text_dir}/{split}.{lang}[.gz]
     config.data.tfds_data_dir = ""  # for source='tfds': prepared data ('' = TFDS default)
+    config.data.data_dir = ""  # prepared (binarized) splits ('' = {workdir}/data_cache)
     config.data.train_split = "train"
     config.data.eval_split = "validation"
     config.data.test_split = "test"

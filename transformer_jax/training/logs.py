@@ -168,6 +168,7 @@ def run_info(
         "devices": jax.device_count(),
         "processes": jax.process_count(),
         "parallel": str(config.train.parallel),
+        **batcher.pairs.read_counts,  # skipped_empty, replaced_lines
     }
 
 

@@ -43,6 +43,7 @@ RESUMABLE = (
     "train.prefetch",
     "data.text_dir",
     "data.tfds_data_dir",
+    "data.data_dir",
     "decode.",
 )
 CONFIG_HISTORY_FILE = "config_history.jsonl"
@@ -182,6 +183,13 @@ def start_run(
             f"model.vocab_size={model_config.src_vocab} is smaller than the tokenizer's "
             f"{tokenizer.vocab_size} pieces in {workdir}/tokenizer.model"
         )
+
+    def prepare() -> bytes:
+        splits = data_lib.run_splits(config.data, config.train.final_test)
+        data_lib.prepare_data(config.data, workdir, tokenizer, splits)
+        return b""
+
+    from_process_zero(prepare)  # the others then map the files process 0 wrote
     dp = DataParallel(
         config.train.parallel,
         Transformer(model_config),

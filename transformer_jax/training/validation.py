@@ -84,6 +84,8 @@ def validate_config(config: ml_collections.ConfigDict) -> TransformerConfig:
             f"data.text_dir={data.text_dir!r} is not a directory (Multi30k: python -m "
             f"transformer_jax.download multi30k --dest {data.text_dir})"
         )
+    if data.data_dir and os.path.exists(data.data_dir) and not os.path.isdir(data.data_dir):
+        raise ValueError(f"data.data_dir={data.data_dir!r} is not a directory")
     for name in ("max_len", "tokens_per_batch"):
         _int(config, "data", name, 1)
     if data.tokens_per_batch < data.max_len:

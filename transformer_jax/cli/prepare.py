@@ -1,0 +1,81 @@
+"""Prepare a run's data before training it:
+
+    python -m transformer_jax.data.prepare --config configs/base.py --workdir runs/base
+    python -m transformer_jax.data.prepare --config configs/base.py --data_dir /shared/wmt14
+
+trains the tokenizer (``{workdir}/tokenizer.model``) if absent and encodes the training, dev
+and test splits into the prepared (binarized) splits that ``train.py`` maps: in
+``{workdir}/data_cache``, or in ``--data_dir`` (the same as ``--config.data.data_dir``;
+give ``train.py`` the same value). A progress bar shows each split; rerun after an
+interruption to resume from the chunks already encoded. ``train.py`` prepares what is
+missing itself (on process 0); this command prepares once before the hosts of a cluster
+start. Any config field can be overridden with ``--config.<section>.<field>=value``.
+
+Exit codes: 0 prepared (or already prepared); 1 an error, printed as one line; 2 a bad
+command line.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from transformer_jax import data as data_lib
+from transformer_jax.cli.train import (
+    DEFAULT_CONFIG,
+    EXIT_ERROR,
+    _config_error,
+    _fail,
+    _parse_flags,
+    config_and_workdir,
+)
+from transformer_jax.training.validation import validate_config
+
+FLAGS = flags.FLAGS
+
+
+def _define_flags() -> None:
+    try:  # loads the default config file
+        config_flags.DEFINE_config_file("config", DEFAULT_CONFIG, "Run configuration file.")
+    except (KeyError, AttributeError, TypeError, ValueError) as e:
+        _config_error(e)
+    flags.DEFINE_string("workdir", None, "The run's directory (default runs/<config name>).")
+    flags.DEFINE_string("data_dir", None, "Where to prepare the splits (data.data_dir).")
+
+
+def prepare(config, workdir: str) -> list[str]:
+    """The tokenizer and every split the run of ``config`` reads; their directories."""
+    model_config = validate_config(config)
+    os.makedirs(workdir, exist_ok=True)
+    tokenizer = data_lib.get_tokenizer(
+        config.data, workdir, config.model.vocab_size, model_config.tgt_vocab
+    )
+    splits = data_lib.run_splits(config.data, config.train.final_test)
+    data_lib.prepare_data(config.data, workdir, tokenizer, splits)
+    return [data_lib.prepared_path(config.data, s, tokenizer, workdir) for s in splits]
+
+
+def _prepare(argv: list[str]) -> None:
+    config, workdir = config_and_workdir(argv)
+    if FLAGS.data_dir is not None:
+        config.data.data_dir = FLAGS.data_dir
+    try:
+        paths = prepare(config, workdir)
+    except (ValueError, OSError) as e:
+        _fail(str(e), EXIT_ERROR)
+    except KeyboardInterrupt:
+        _fail("interrupted: rerun to resume from the chunks already encoded", EXIT_ERROR)
+    print("prepared:", *paths, sep="\n  ", file=sys.stdout)
+
+
+def main() -> None:
+    """``python -m transformer_jax.data.prepare``: parse sys.argv, prepare, exit."""
+    _define_flags()
+    app.run(_prepare, flags_parser=_parse_flags)
+
+
+if __name__ == "__main__":
+    main()

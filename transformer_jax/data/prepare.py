@@ -1,0 +1,6 @@
+"""`python -m transformer_jax.data.prepare`: see :mod:`transformer_jax.cli.prepare`."""
+
+from transformer_jax.cli.prepare import main
+
+if __name__ == "__main__":
+    main()
