@@ -18,7 +18,7 @@ from transformer_jax.options import (
 )
 
 NORMS = ("post", "pre")
-POSITIONALS = ("sinusoidal", "learned")
+POSITIONALS = ("sinusoidal", "learned", "none")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
@@ -60,7 +60,7 @@ class TransformerConfig:
     attention_dropout_rate: float = 0.0  # not in the paper; tensor2tensor used 0.1 later
     word_dropout_rate: float = 0.0  # not in the paper: whole input tokens' embeddings zeroed
     max_len: int = 512
-    positional: str = "sinusoidal"
+    positional: str = "sinusoidal"  # 'none': no added positions (e.g. a RoPE or ALiBi score_fn)
     norm: str = "post"
     share_embeddings: bool = True  # one source/target embedding matrix (§3.4)
     tie_output: bool = True  # pre-softmax linear = target embedding^T (§3.4)
