@@ -94,6 +94,18 @@ def sample_sources(
     return plain.with_sources(tokenizer.encode_sampled(sources, dropout, sample_seed))
 
 
+def _in_vocab(encoded: EncodedPairs, tokenizer: Tokenizer, path: str) -> EncodedPairs:
+    """``encoded``, whose ids must lie in the tokenizer's vocabulary (one line otherwise)."""
+    for side in ("src", "tgt"):
+        ids = getattr(encoded, side)
+        if ids.size and not 0 <= int(ids.min()) <= int(ids.max()) < tokenizer.vocab_size:
+            raise ValueError(
+                f"{path}: the {side} ids leave the tokenizer's vocabulary [0, "
+                f"{tokenizer.vocab_size}); delete the file to encode the split anew"
+            )
+    return encoded
+
+
 def encoded_split(data_config: Any, split: str, tokenizer: Tokenizer, workdir: str) -> EncodedPairs:
     """Token ids of all pairs of ``split``, from the workdir cache when present."""
     path = os.path.join(
@@ -102,7 +114,9 @@ def encoded_split(data_config: Any, split: str, tokenizer: Tokenizer, workdir: s
     if os.path.isfile(path):
         try:
             with np.load(path) as cached:
-                return EncodedPairs(**{name: cached[name] for name in cached.files})
+                return _in_vocab(
+                    EncodedPairs(**{n: cached[n] for n in cached.files}), tokenizer, path
+                )
         except (OSError, ValueError, EOFError, KeyError, TypeError, zipfile.BadZipFile) as e:
             print(
                 f"warning: the data cache {path} is unreadable ({type(e).__name__}); rebuilding it"
