@@ -19,6 +19,7 @@ from transformer_jax.options import (
 
 NORMS = ("post", "pre")
 POSITIONALS = ("sinusoidal", "learned", "none")
+REMATS = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
@@ -34,7 +35,9 @@ class TransformerConfig:
     ``dtype=bfloat16`` (or only the matrix products' operands: ``matmul_precision``,
     :mod:`transformer_jax.kernels.precision`); ``scan_layers=True`` compiles each stack's
     layer once (its parameters are then stacked under ``layers`` instead of ``layer_0`` ...
-    ``layer_{N-1}``).
+    ``layer_{N-1}``); ``remat`` recomputes each layer's activations in the backward pass
+    instead of keeping them (``'full'``, or a :data:`jax.checkpoint_policies` name: what it
+    keeps), the same gradients.
     With shared embeddings, ``tgt_vocab_size`` below ``vocab_size`` makes the target side's
     pieces the shared vocabulary's first ``tgt_vocab_size``: the decoder reads and predicts
     only those rows (the tokenizer numbers pieces by target frequency for it).
@@ -72,6 +75,7 @@ class TransformerConfig:
     decode: bool = False  # incremental decoding over the KV cache
     sow_attention_weights: bool = False  # store weights in the 'intermediates' collection
     scan_layers: bool = False  # nn.scan over each stack: compile one layer, params stacked
+    remat: str = "none"  # recompute each layer in the backward pass: 'full' or a checkpoint policy
     kernels: str = "auto"  # 'auto' | 'xla' | 'cpu' (transformer_jax.kernels)
     platform: str = "auto"  # the target: 'cpu' | 'gpu' | 'cuda' | 'rocm' | 'tpu'
 
@@ -94,6 +98,7 @@ class TransformerConfig:
             if not 0.0 <= rate < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {rate!r}")
         _choice("norm", self.norm, NORMS)
+        _choice("remat", self.remat, REMATS)
         _choice("positional", self.positional, POSITIONALS)
         _choice("attention_impl", self.attention_impl, ATTENTION_IMPLS)
         _choice("matmul_precision", self.matmul_precision, MATMUL_PRECISIONS)

@@ -78,6 +78,20 @@ def check_tokens(name: str, tokens: Array, vocab: int, checked: bool = False) ->
         checkify.check(inside, f"{name} holds ids outside the vocabulary [0, {vocab})")
 
 
+def remat(config: TransformerConfig, layer: Any, deterministic_argnum: int) -> Any:
+    """``layer`` (a module class) recomputed in the backward pass as ``config.remat`` says;
+    ``deterministic_argnum``: the position of its ``deterministic`` argument (self is 0)."""
+    if config.remat == "none":
+        return layer
+    policy = None if config.remat == "full" else getattr(jax.checkpoint_policies, config.remat)
+    return nn.remat(
+        layer,
+        policy=policy,
+        static_argnums=(deterministic_argnum,),
+        prevent_cse=not config.scan_layers,  # a scan's loop already keeps XLA from merging
+    )
+
+
 def _where(positions: Array | None, segments: Array | None, length: int) -> Where:
     """The absolute positions (default 0..length-1) and segments a score hook sees."""
     positions = jnp.arange(length)[None] if positions is None else positions
@@ -131,9 +145,10 @@ class Encoder(nn.Module):
         self.sow("intermediates", "embedded", x)
         mask = None if src is None and segments is None else encoder_mask(src, cfg.pad_id, segments)
         where = None if self.score_fn is None else _where(positions, segments, x.shape[1])
+        layer = remat(cfg, self.layer, 3)  # (self, x, mask, deterministic, where)
         x = layer_stack(
             cfg,
-            lambda name: self.layer(
+            lambda name: layer(
                 cfg, ffn=self.ffn, norm=self.norm, score_fn=self.score_fn, name=name
             ),
             cfg.num_encoder_layers,
@@ -203,9 +218,10 @@ class Decoder(nn.Module):
                 raise ValueError("decoding against `encoded` needs `src` token ids for its mask")
             cross_mask = cross_attention_mask(src, cfg.pad_id, src_segments, tgt_segments)
         where = None if self.score_fn is None else _where(tgt_positions, tgt_segments, x.shape[1])
+        layer = remat(cfg, self.layer, 5)  # (self, x, self_mask, encoded, cross_mask, det., where)
         x = layer_stack(
             cfg,
-            lambda name: self.layer(
+            lambda name: layer(
                 cfg, ffn=self.ffn, norm=self.norm, score_fn=self.score_fn, name=name
             ),
             cfg.num_decoder_layers,
