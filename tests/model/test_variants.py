@@ -146,6 +146,7 @@ def test_hidden_states_end_in_the_logits():
     model = tj.Transformer(CFG.replace(positional="sinusoidal"), norm=variants.rms_norm)
     params = init(model)
     states = hidden_states(model, params, SRC, TGT)
+    assert list(jax.eval_shape(model.init, jax.random.key(0), SRC, TGT)) == ["params"]
     assert [len(states[s]) for s in ("encoder", "decoder")] == [3, 3]
     assert states["encoder"][0].shape == (3, 5, CFG.d_model)
     embedding = params["shared_embed"]["embedding"]

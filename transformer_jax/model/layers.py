@@ -32,6 +32,13 @@ def layer_norm(config: TransformerConfig, name: str | None = None) -> nn.LayerNo
     return nn.LayerNorm(epsilon=1e-6, dtype=config.dtype, param_dtype=config.param_dtype, name=name)
 
 
+def sow_hidden(module: nn.Module, name: str, x: Array) -> None:
+    """Keep ``x`` in the ``'intermediates'`` collection when it is mutable (not at init: the
+    variables ``init`` returns are the parameters)."""
+    if not module.is_initializing():
+        module.sow("intermediates", name, x)
+
+
 class Dropout(nn.Module):
     """Dropout (§5.4) with a key from the ``'dropout'`` RNG stream, like ``nn.Dropout``;
     ``kernels``: the kernel set that draws the bits (:mod:`transformer_jax.kernels`).
@@ -151,7 +158,7 @@ class EncoderLayer(nn.Module):
             deterministic,
         )
         x = SubLayer(cfg, self.norm, name="ffn_block")(x, self.ffn(cfg, name="ffn"), deterministic)
-        self.sow("intermediates", "hidden_state", x)
+        sow_hidden(self, "hidden_state", x)
         return x
 
 
@@ -197,5 +204,5 @@ class DecoderLayer(nn.Module):
                 deterministic,
             )
         x = SubLayer(cfg, self.norm, name="ffn_block")(x, self.ffn(cfg, name="ffn"), deterministic)
-        self.sow("intermediates", "hidden_state", x)
+        sow_hidden(self, "hidden_state", x)
         return x

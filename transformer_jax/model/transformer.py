@@ -38,6 +38,7 @@ from transformer_jax.model.layers import (
     FeedForward,
     Norm,
     layer_norm,
+    sow_hidden,
 )
 
 Array = jax.Array
@@ -142,7 +143,7 @@ class Encoder(nn.Module):
             cfg.max_len, cfg.positional, param_dtype=cfg.param_dtype, name="positions"
         )(word_dropout(cfg, x, deterministic), positions)
         x = Dropout(cfg.dropout_rate, cfg.kernel_set)(x, deterministic)
-        self.sow("intermediates", "embedded", x)
+        sow_hidden(self, "embedded", x)
         mask = None if src is None and segments is None else encoder_mask(src, cfg.pad_id, segments)
         where = None if self.score_fn is None else _where(positions, segments, x.shape[1])
         layer = remat(cfg, self.layer, 3)  # (self, x, mask, deterministic, where)
@@ -204,7 +205,7 @@ class Decoder(nn.Module):
             name="positions",
         )(word_dropout(cfg, x, deterministic), tgt_positions)
         x = Dropout(cfg.dropout_rate, cfg.kernel_set)(x, deterministic)
-        self.sow("intermediates", "embedded", x)
+        sow_hidden(self, "embedded", x)
 
         if cfg.decode or (tgt_in is None and tgt_segments is None):
             self_mask = None  # decoding: the cache supplies causality, one position per call
