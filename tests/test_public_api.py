@@ -3,6 +3,7 @@ and the README's library example (a decoder-only model trained and decoded) run 
 
 import re
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from conftest import ROOT
@@ -63,10 +64,11 @@ def test_readme_variant_is_used_and_decodes_from_its_cache():
     assert namespace["translation"].shape == (1, 32)  # min(5 + 50, max_len)
     assert len(namespace["maps"]["encoder"]) == 2
     tgt = jnp.array([[2, 9, 10, 11, 3]])
-    full = model.apply({"params": params}, src, tgt)
-    paper_scores = model.clone(score_fn=None).apply({"params": params}, src, tgt)
+    full = jax.jit(model.apply)({"params": params}, src, tgt)
+    paper_scores = jax.jit(model.clone(score_fn=None).apply)({"params": params}, src, tgt)
     assert float(jnp.abs(full - paper_scores).max()) > 1e-3
     step, cache = tj.decoding.transformer_step(model, params, src, tgt.shape[1])
+    step = jax.jit(step)
     for i in range(tgt.shape[1]):
         logits, cache = step(tgt[:, i : i + 1], cache)
         np.testing.assert_allclose(logits[:, -1], full[:, i], atol=1e-5)
