@@ -141,6 +141,13 @@ def test_decode_throughput_smoke():
     assert ratios["log_softmax_greedy_token_agreement"] == 1.0
 
 
+def test_remat_memory_smoke():
+    payload = _script("remat_memory").main(["--smoke", "--scan"])
+    rows = {row["remat"]: row for row in payload["rows"]}
+    assert set(rows) == {"none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable"}
+    assert rows["full"]["temp_mib"] < rows["none"]["temp_mib"]  # scanned: recomputed
+
+
 def test_attention_smoke():
     payload = _script("attention").main(["--smoke"])
     rows = payload["results"]

@@ -3,6 +3,9 @@ and the README's library example (a decoder-only model trained and decoded) run 
 
 import re
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 from conftest import ROOT
 
 import transformer_jax as tj
@@ -28,13 +31,15 @@ def test_submodules_and_names_are_attributes():
     assert (tj.ids.PAD_ID, tj.ids.UNK_ID, tj.ids.BOS_ID, tj.ids.EOS_ID) == (0, 1, 2, 3)
     assert tj.data.PAD_ID == tj.ids.PAD_ID and callable(tj.data.load_tokenizer)
     assert set(tj.__all__) <= set(dir(tj))
+    assert callable(tj.analysis.attention_maps) and callable(tj.analysis.hidden_states)
+    assert callable(tj.variants.rope) and callable(tj.variants.rms_norm)
 
 
-def library_example() -> str:
+def library_example(index: int = 0) -> str:
     section = README.read_text().split("## The library", 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"```python\n(.*?)```", section, re.S)
-    assert blocks, "README's library section has no python example"
-    return blocks[0]
+    assert len(blocks) > index, "README's library section lacks a python example"
+    return blocks[index]
 
 
 def test_readme_library_example_trains_and_decodes_a_decoder_only_model(capsys):
@@ -46,3 +51,24 @@ def test_readme_library_example_trains_and_decodes_a_decoder_only_model(capsys):
     sums = tj.training.eval_step(state.params, batch, model=model)  # without dropout
     assert float(sums["correct"]) == float(sums["tokens"]) == 8 * (len(namespace["text"]) + 1)
     assert "attention is all you need" in capsys.readouterr().out
+
+
+def test_readme_variant_is_used_and_decodes_from_its_cache():
+    """The README's variant (SwiGLU + RMSNorm + ALiBi in user code): its pieces are in the
+    parameters, its scores change the output, cached decoding equals the full pass."""
+    namespace: dict = {}
+    exec(compile(library_example(1), str(README), "exec"), namespace)
+    model, params, src = namespace["model"], namespace["params"], namespace["src"]
+    layer = params["decoder"]["layer_0"]
+    assert set(layer["ffn"]) == {"gate", "value", "out"} and "RMSNorm_0" in layer["ffn_block"]
+    assert namespace["translation"].shape == (1, 32)  # min(5 + 50, max_len)
+    assert len(namespace["maps"]["encoder"]) == 2
+    tgt = jnp.array([[2, 9, 10, 11, 3]])
+    full = jax.jit(model.apply)({"params": params}, src, tgt)
+    paper_scores = jax.jit(model.clone(score_fn=None).apply)({"params": params}, src, tgt)
+    assert float(jnp.abs(full - paper_scores).max()) > 1e-3
+    step, cache = tj.decoding.transformer_step(model, params, src, tgt.shape[1])
+    step = jax.jit(step)
+    for i in range(tgt.shape[1]):
+        logits, cache = step(tgt[:, i : i + 1], cache)
+        np.testing.assert_allclose(logits[:, -1], full[:, i], atol=1e-5)

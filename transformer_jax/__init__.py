@@ -6,18 +6,20 @@ The public API, one import away:
   ``Decoder`` (also decoder-only);
 * the model's pieces: ``attention`` (Eq. 1, masks, ``MultiHeadAttention``), ``embeddings``
   (scaled embeddings, sinusoidal or learned positions), ``layers`` (``FeedForward``,
-  encoder and decoder layers);
+  encoder and decoder layers), and ``variants`` beyond the paper for the modules' injection
+  points (RoPE, ALiBi, GLU and GELU FFNs, RMSNorm);
 * ``decoding``: greedy, beam search and sampling over any step function ``(tokens, cache)
   -> (logits, cache)``, and the Transformer's ``greedy_search`` / ``beam_search``;
 * ``training``: ``make_batch``, ``create_train_state``, ``train_step`` / ``eval_step``,
   the label-smoothed loss, the paper's optimizer and schedule;
 * ``data``: the tokenizer, sources and token-budget batches; ``ids``: PAD, UNK, BOS, EOS;
+* ``analysis``: cost estimates, attention maps and hidden states;
 * ``kernels``: the backend seam (fast paths chosen by the target platform).
 """
 
-from transformer_jax import data, ids, kernels, training
+from transformer_jax import analysis, data, ids, kernels, training
 from transformer_jax.inference import decoding
-from transformer_jax.model import attention, embeddings, layers
+from transformer_jax.model import attention, embeddings, layers, variants
 from transformer_jax.model.attention import (
     MultiHeadAttention,
     causal_mask,
@@ -36,6 +38,7 @@ __all__ = [
     "MultiHeadAttention",
     "Transformer",
     "TransformerConfig",
+    "analysis",
     "attention",
     "causal_mask",
     "data",
@@ -48,5 +51,6 @@ __all__ = [
     "scaled_dot_product_attention",
     "sinusoidal_positions",
     "training",
+    "variants",
 ]
 __version__ = "0.1.0"

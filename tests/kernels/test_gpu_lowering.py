@@ -27,6 +27,7 @@ from jax._src import stages
 
 from transformer_jax import Transformer, TransformerConfig
 from transformer_jax.inference.decoding import beam_search
+from transformer_jax.model import variants
 from transformer_jax.training import steps
 from transformer_jax.training.parallel import DataParallel
 
@@ -181,6 +182,22 @@ def test_a_smaller_target_vocabulary_lowers_for_cuda(lowering_for):
 def test_word_dropout_lowers_for_cuda(lowering_for):
     cfg = config("float32", "reference").replace(word_dropout_rate=0.1)
     check_gpu_module(train_module(cfg, "shard_map", lowering_for), cfg)
+
+
+def test_a_variant_lowers_for_cuda():
+    """SwiGLU + RMSNorm + RoPE (module attributes): its gradient and beam search."""
+    cfg = config("float32", "reference").replace(positional="none", num_decoder_layers=2)
+    pieces = dict(ffn=variants.GatedFeedForward, norm=variants.rms_norm, score_fn=variants.rope)
+    model = Transformer(cfg, **pieces)
+    ids = jnp.zeros((1, 8), jnp.int32)
+    params = jax.eval_shape(lambda: model.init(jax.random.key(0), ids, ids)["params"])
+
+    def grads(p, s, t):
+        return jax.grad(lambda p: model.apply({"params": p}, s, t).sum())(p)
+
+    check_gpu_module(lowered(grads, params, tokens(8, 64), tokens(8, 64)), cfg)
+    search = lambda p, s: beam_search(model, p, s, beam_size=4)  # noqa: E731
+    check_gpu_module(lowered(search, params, tokens(4, 32)), cfg)
 
 
 def test_the_cpu_kernel_set_is_what_the_gpu_check_catches():

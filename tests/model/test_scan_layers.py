@@ -90,7 +90,8 @@ def test_training_dropout_differs_between_layers(params):
     assert np.isfinite(logits).all()
     sites = 0
     for stack, count in (("encoder", CFG.num_encoder_layers), ("decoder", CFG.num_decoder_layers)):
-        for block in state["intermediates"][stack]["layers"].values():
+        blocks = state["intermediates"][stack]["layers"]
+        for block in (b for name, b in blocks.items() if name != "hidden_state"):
             (out,) = jax.tree.leaves(block)  # [layers, batch, length, d_model]
             masks = np.asarray(out) == 0
             assert masks.shape[0] == count and 0 < masks.mean() < 0.5

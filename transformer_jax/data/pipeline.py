@@ -24,6 +24,7 @@ import numpy as np
 from transformer_jax.data.batching import Batch, Batcher, EncodedPairs, TrainIterator, eval_batches
 from transformer_jax.data.prepared import (
     CHUNK_PAIRS,
+    check_vocabulary,
     open_split,
     read_spool,
     spool_pairs,
@@ -222,7 +223,9 @@ def prepare_data(data_config: Any, workdir: str, tokenizer: Tokenizer, splits: l
 def encoded_split(data_config: Any, split: str, tokenizer: Tokenizer, workdir: str) -> EncodedPairs:
     """Token ids of all pairs of ``split``, memory-mapped from its prepared directory
     (prepared first if absent); ``read_counts`` holds what reading skipped or replaced."""
-    encoded, info = open_split(prepare_split(data_config, split, tokenizer, workdir))
+    path = prepare_split(data_config, split, tokenizer, workdir)
+    encoded, info = open_split(path)
+    check_vocabulary(path, info, tokenizer.vocab_size)
     counts = {k: int(info[k]) for k in ReadCounts().as_dict()}
     return dataclasses.replace(encoded, read_counts=counts)
 

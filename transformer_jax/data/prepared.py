@@ -117,9 +117,12 @@ def _concatenate(files: list[str], path: str, dtype: np.dtype, info: dict[str, A
         for name in ("src_offsets", "tgt_offsets"):
             out[name].write(np.zeros(1, np.int64).tobytes())
         done = np.zeros(3, np.int64)
+        info["max_id"] = 0  # checked against the tokenizer's vocabulary when opened
         for file, size in zip(files, sizes, strict=True):
             with np.load(file) as chunk:
                 for side, tokens in (("src", 1), ("tgt", 2)):
+                    if chunk[side].size:
+                        info["max_id"] = max(info["max_id"], int(chunk[side].max()))
                     out[side].write(chunk[side].astype(dtype).tobytes())
                     offsets = chunk[f"{side}_offsets"][1:] + done[tokens]
                     out[f"{side}_offsets"].write(offsets.astype(np.int64).tobytes())
@@ -152,6 +155,15 @@ def open_split(path: str) -> tuple[EncodedPairs, dict[str, Any]]:
         if len(offsets) != info.get("pairs", -2) + 1 or offsets[-1] != len(arrays[side]):
             raise ValueError(f"the prepared split {path} is inconsistent ({side}.npy)")
     return EncodedPairs(**arrays), info
+
+
+def check_vocabulary(path: str, info: dict[str, Any], vocab_size: int) -> None:
+    """ValueError naming the prepared split at ``path`` if its ids leave ``[0, vocab_size)``."""
+    if info.get("max_id", 0) >= vocab_size:
+        raise ValueError(
+            f"the prepared split {path} holds id {info['max_id']} outside the tokenizer's "
+            f"vocabulary [0, {vocab_size}): delete it to prepare the split anew"
+        )
 
 
 def spool_pairs(pairs: Iterable[Pair], path: str, counts: ReadCounts) -> Iterator[Pair]:

@@ -7,8 +7,10 @@ The generic searches (:mod:`transformer_jax.inference.search`) are re-exported h
 keeps a KV cache (e.g. a decoder-only ``Decoder(config.replace(decode=True))``).
 
 For the Transformer, :func:`greedy_search`, :func:`beam_search` and
-:func:`temperature_sample` take ``(config, params, src)``; ``params`` may also be a list of
-parameter trees (with one config, or a list of configs), an ensemble whose next-token
+:func:`temperature_sample` take ``(model, params, src)``: ``model`` a
+:class:`~transformer_jax.model.transformer.Transformer` module (with whatever pieces it was
+given) or a ``TransformerConfig`` (the paper's ``Transformer(config)``); ``params`` may also be
+a list of parameter trees (with one model, or a list of them), an ensemble whose next-token
 distribution is the mean of its models' (:func:`ensemble`). The source is encoded once,
 then the decoder runs one position per step over its KV cache inside one jit-compiled
 loop. The encoder-decoder keys and values depend only on the encoder output, which is
@@ -28,6 +30,7 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
+import flax
 import jax
 import jax.numpy as jnp
 
@@ -44,10 +47,11 @@ from transformer_jax.inference.search import (
     sample,
 )
 from transformer_jax.model.config import TransformerConfig
-from transformer_jax.model.transformer import Transformer
+from transformer_jax.model.transformer import Transformer, check_tokens
 
 Array = jax.Array
-Configs = TransformerConfig | Sequence[TransformerConfig]
+Model = Transformer | TransformerConfig
+Models = Model | Sequence[Model]
 
 __all__ = [
     "StepFn",
@@ -58,6 +62,8 @@ __all__ = [
     "gather_rows",
     "greedy",
     "greedy_search",
+    "as_model",
+    "check_params",
     "init_cache",
     "length_penalty",
     "sample",
@@ -67,7 +73,7 @@ __all__ = [
 
 
 def greedy_search(
-    config: Configs,
+    config: Models,
     params: Any,
     src: Array,
     *,
@@ -80,19 +86,19 @@ def greedy_search(
     """The most probable next token at each step: int32 ``[batch, max_len]``.
 
     Args:
-      config, params: the Transformer, or an ensemble (module doc); src: int
+      config, params: the Transformer (module or config), or an ensemble (module doc); src: int
         ``[batch, src_len]`` source ids + EOS, PAD.
       max_len: output width (default ``src_len + max_extra_len``, at most ``config.max_len``).
       max_extra_len: each sentence's output limit is its source length + this.
       min_len: tokens before EOS may end a sentence; eos_id: ``None`` ignores EOS.
     """
-    configs, params = _members(config, params)
-    configs, src, max_len = _check(configs, src, max_len, max_extra_len, min_len, bos_id, eos_id)
-    return _greedy(params, src, configs, max_len, max_extra_len, min_len, bos_id, eos_id)
+    models, params = _members(config, params)
+    models, src, max_len = _check(models, src, max_len, max_extra_len, min_len, bos_id, eos_id)
+    return _greedy(params, src, models, max_len, max_extra_len, min_len, bos_id, eos_id)
 
 
 def beam_search(
-    config: Configs,
+    config: Models,
     params: Any,
     src: Array,
     *,
@@ -116,15 +122,15 @@ def beam_search(
         raise ValueError(f"beam_size must be a positive integer, got {beam_size!r}")
     if not isinstance(alpha, int | float) or isinstance(alpha, bool) or not alpha >= 0:
         raise ValueError(f"alpha must be a number >= 0, got {alpha!r}")
-    configs, params = _members(config, params)
-    configs, src, max_len = _check(configs, src, max_len, max_extra_len, min_len, bos_id, eos_id)
+    models, params = _members(config, params)
+    models, src, max_len = _check(models, src, max_len, max_extra_len, min_len, bos_id, eos_id)
     settings = (max_len, max_extra_len, min_len, bos_id, eos_id, beam_size, float(alpha))
-    tokens, scores = _beam(params, src, configs, *settings)
+    tokens, scores = _beam(params, src, models, *settings)
     return (tokens, scores) if return_all else tokens[:, 0]
 
 
 def temperature_sample(
-    config: Configs,
+    config: Models,
     params: Any,
     src: Array,
     key: Array,
@@ -144,21 +150,21 @@ def temperature_sample(
         raise ValueError(f"temperature must be a number > 0, got {temperature!r}")
     if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
         raise ValueError(f"top_k must be a positive integer or None, got {top_k!r}")
-    configs, params = _members(config, params)
-    configs, src, max_len = _check(configs, src, max_len, max_extra_len, min_len, bos_id, eos_id)
+    models, params = _members(config, params)
+    models, src, max_len = _check(models, src, max_len, max_extra_len, min_len, bos_id, eos_id)
     settings = (max_len, max_extra_len, min_len, bos_id, eos_id, float(temperature), top_k)
-    return _sample(params, src, key, configs, *settings)
+    return _sample(params, src, key, models, *settings)
 
 
 def transformer_step(
-    config: TransformerConfig, params: Any, src: Array, max_len: int, copies: int = 1
+    config: Model, params: Any, src: Array, max_len: int, copies: int = 1
 ) -> tuple[StepFn, Any]:
-    """The Transformer's step function over ``src`` and its empty cache.
+    """The Transformer's (module's, or config's) step function over ``src`` and its empty cache.
 
     Encodes ``src`` once; each row is repeated ``copies`` times (the beams of beam
     search), and the cache holds ``max_len`` decoder positions.
     """
-    model = Transformer(config.replace(decode=True, sow_attention_weights=False))
+    model = as_model(config, decode=True)
     encoded = model.apply({"params": params}, src, method="encode")
     encoded, src = jnp.repeat(encoded, copies, axis=0), jnp.repeat(src, copies, axis=0)
     target = jnp.zeros((src.shape[0], max_len), jnp.int32)  # sizes the self-attention cache
@@ -180,38 +186,82 @@ def transformer_step(
 
 
 # ---------------------------------------------------------------------------- checks
-def _members(config: Configs, params: Any) -> tuple[tuple[TransformerConfig, ...], tuple[Any, ...]]:
+def as_model(model: Model, decode: bool = False) -> Transformer:
+    """``model`` (a ``Transformer(config)`` for a config) with ``config.decode=decode`` and no
+    sown weights: the module decoding runs."""
+    if isinstance(model, TransformerConfig):
+        model = Transformer(model)
+    if not isinstance(getattr(model, "config", None), TransformerConfig):
+        raise ValueError(
+            f"expected a Transformer module or a TransformerConfig, got {type(model).__name__}"
+        )
+    return model.clone(config=model.config.replace(decode=decode, sow_attention_weights=False))
+
+
+@functools.lru_cache(maxsize=64)
+def _param_shapes(model: Transformer) -> dict[tuple[str, ...], tuple[int, ...]]:
+    tokens = jnp.zeros((1, 1), jnp.int32)
+    shapes = jax.eval_shape(model.init, jax.random.key(0), tokens, tokens)["params"]
+    return {k: v.shape for k, v in flax.traverse_util.flatten_dict(shapes).items()}
+
+
+def check_params(model: Transformer, params: Any) -> None:
+    """``params`` must be the parameter tree of ``model`` (a ``decode=False`` Transformer):
+    a ``ValueError`` names the first differing entry."""
+    want = _param_shapes(model)
+    got = flax.traverse_util.flatten_dict(flax.core.unfreeze(params))
+    for path in sorted(want.keys() | got.keys()):
+        name = "/".join(map(str, path))
+        if path not in got:
+            problem = f"has no {name!r}"
+        elif path not in want:
+            problem = f"has {name!r}, which the model has not"
+        elif tuple(jnp.shape(got[path])) != want[path]:
+            problem = f"{name!r} is {tuple(jnp.shape(got[path]))}, the model's {want[path]}"
+        else:
+            continue
+        cfg = model.config
+        raise ValueError(
+            f"params do not match the model (d_model={cfg.d_model}, layers "
+            f"{cfg.num_encoder_layers}+{cfg.num_decoder_layers}, vocab {cfg.vocab_size}): "
+            f"the tree {problem}"
+        )
+
+
+def _members(config: Models, params: Any) -> tuple[tuple[Transformer, ...], tuple[Any, ...]]:
     """The models decoded together: one, or an ensemble when ``params`` is a list or tuple
-    of parameter trees (``config`` one for all of them, or one each)."""
+    of parameter trees (``config`` one model or config for all of them, or one each)."""
     ensemble_of = isinstance(params, list | tuple)
     params = tuple(params) if ensemble_of else (params,)
-    configs = (config,) * len(params) if isinstance(config, TransformerConfig) else config
-    if not ensemble_of and not isinstance(config, TransformerConfig):
-        raise ValueError("config must be a TransformerConfig for one model's params")
-    configs = tuple(configs)
-    if not params or len(configs) != len(params):
+    one = not isinstance(config, list | tuple)
+    if not ensemble_of and not one:
+        raise ValueError("config must be a TransformerConfig (or Transformer) for one model")
+    models = tuple(as_model(c) for c in ((config,) * len(params) if one else config))
+    if not params or len(models) != len(params):
         raise ValueError(
             f"an ensemble needs one or more models and a config for each: got {len(params)} "
-            f"parameter trees and {len(configs)} configs"
+            f"parameter trees and {len(models)} configs"
         )
     for field in ("tgt_vocab", "pad_id", "max_len"):
-        values = sorted({getattr(c, field) for c in configs})
+        values = sorted({getattr(m.config, field) for m in models})
         if len(values) > 1:
             raise ValueError(f"the ensemble's models differ in config.{field}: {values}")
-    return configs, params
+    for model, tree in zip(models, params, strict=True):
+        check_params(model, tree)
+    return models, params
 
 
 def _check(
-    configs: tuple[TransformerConfig, ...],
+    models: tuple[Transformer, ...],
     src: Any,
     max_len: int | None,
     max_extra_len: int,
     min_len: int,
     bos_id: int,
     eos_id: int | None,
-) -> tuple[tuple[TransformerConfig, ...], Array, int]:
-    """Validate arguments; return the configs decoding is compiled for, src, output length."""
-    config = configs[0]  # the fields checked here are equal in every member (_members)
+) -> tuple[tuple[Transformer, ...], Array, int]:
+    """Validate arguments; return the models decoding is compiled for, src, output length."""
+    config = models[0].config  # the fields checked here are equal in every member (_members)
     src = jnp.asarray(src)
     if src.ndim != 2 or not jnp.issubdtype(src.dtype, jnp.integer) or src.shape[1] == 0:
         raise ValueError(
@@ -234,8 +284,9 @@ def _check(
         raise ValueError(
             f"max_len must be an integer in [1, config.max_len={config.max_len}], got {max_len!r}"
         )
-    configs = tuple(c.replace(decode=False, sow_attention_weights=False) for c in configs)
-    return configs, src.astype(jnp.int32), max_len
+    if not isinstance(src, jax.core.Tracer):
+        check_tokens("src", src, config.src_vocab)
+    return models, src.astype(jnp.int32), max_len
 
 
 def _options(
@@ -255,7 +306,7 @@ def _options(
 
 # ------------------------------------------------------------------- compiled searches
 def _step(
-    configs: tuple[TransformerConfig, ...],
+    models: tuple[Transformer, ...],
     params: tuple[Any, ...],
     src: Array,
     max_len: int,
@@ -263,9 +314,9 @@ def _step(
 ) -> tuple[StepFn, Any, Any]:
     """The step function, cache and cache batch axis (scanned layers: ``[layers, rows, ...]``)
     of one model, or of an ensemble (its caches a tuple, with one axis per leaf)."""
-    axes = [1 if config.scan_layers else 0 for config in configs]
+    axes = [1 if m.config.scan_layers else 0 for m in models]
     members = [
-        transformer_step(c, p, src, max_len, copies) for c, p in zip(configs, params, strict=True)
+        transformer_step(m, p, src, max_len, copies) for m, p in zip(models, params, strict=True)
     ]
     if len(members) == 1:
         return (*members[0], axes[0])
@@ -278,18 +329,18 @@ def _step(
 
 
 @functools.partial(jax.jit, static_argnums=tuple(range(2, 8)))
-def _greedy(params, src, configs, max_len, max_extra_len, min_len, bos_id, eos_id) -> Array:
-    step, cache, _ = _step(configs, params, src, max_len)
-    options = _options(src, configs[0], max_len, max_extra_len, min_len, bos_id, eos_id)
+def _greedy(params, src, models, max_len, max_extra_len, min_len, bos_id, eos_id) -> Array:
+    step, cache, _ = _step(models, params, src, max_len)
+    options = _options(src, models[0].config, max_len, max_extra_len, min_len, bos_id, eos_id)
     return greedy(step, cache, src.shape[0], max_len, **options)
 
 
 @functools.partial(jax.jit, static_argnums=tuple(range(2, 10)))
 def _beam(
-    params, src, configs, max_len, max_extra_len, min_len, bos_id, eos_id, k, alpha
+    params, src, models, max_len, max_extra_len, min_len, bos_id, eos_id, k, alpha
 ) -> tuple[Array, Array]:
-    step, cache, axes = _step(configs, params, src, max_len, copies=k)
-    options = _options(src, configs[0], max_len, max_extra_len, min_len, bos_id, eos_id)
+    step, cache, axes = _step(models, params, src, max_len, copies=k)
+    options = _options(src, models[0].config, max_len, max_extra_len, min_len, bos_id, eos_id)
     return beam(
         step,
         cache,
@@ -304,10 +355,10 @@ def _beam(
 
 @functools.partial(jax.jit, static_argnums=tuple(range(3, 11)))
 def _sample(
-    params, src, key, configs, max_len, max_extra_len, min_len, bos_id, eos_id, temperature, top_k
+    params, src, key, models, max_len, max_extra_len, min_len, bos_id, eos_id, temperature, top_k
 ) -> Array:
-    step, cache, _ = _step(configs, params, src, max_len)
-    options = _options(src, configs[0], max_len, max_extra_len, min_len, bos_id, eos_id)
+    step, cache, _ = _step(models, params, src, max_len)
+    options = _options(src, models[0].config, max_len, max_extra_len, min_len, bos_id, eos_id)
     return sample(
         step, cache, src.shape[0], max_len, key, temperature=temperature, top_k=top_k, **options
     )

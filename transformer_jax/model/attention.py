@@ -7,9 +7,11 @@ Layout conventions: inside attention arrays are ``[batch, length, heads, head_di
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
+import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -18,6 +20,23 @@ from transformer_jax import kernels as _kernels
 from transformer_jax.options import ATTENTION_IMPLS
 
 Array = jax.Array
+ScoreFn = Callable[..., Array]
+"""``score_fn(q, k, where, dot) -> scores``: the attention scores, float32
+``[batch, heads, q_len, kv_len]`` before masking and softmax. ``q`` and ``k`` are
+``[batch, length, heads, d_k]``; ``where`` is :class:`Where` (absolute positions and segment
+ids); ``dot(q, k)`` is the paper's Q K^T / sqrt(d_k) (Eq. 1) at the model's precision."""
+
+
+@flax.struct.dataclass
+class Where:
+    """What a score hook knows of its queries and keys: absolute positions, int
+    ``[batch or 1, q_len]`` / ``[batch or 1, kv_len]`` (in cached decoding the query's is the
+    cache index), and the segment ids of packed sequences (``None`` when not packed)."""
+
+    q_positions: Array
+    kv_positions: Array
+    q_segments: Array | None = None
+    kv_segments: Array | None = None
 
 
 # --------------------------------------------------------------------------- masks
@@ -40,6 +59,28 @@ def segment_mask(q_segments: Array, kv_segments: Array) -> Array:
     return same & (kv_segments != 0)[:, None, None, :]
 
 
+def check_mask(mask: Any, batch: int, q_len: int, kv_len: int, heads: int) -> None:
+    """A mask must be boolean of rank 4, broadcastable to ``[batch, heads, q_len, kv_len]``
+    (``True`` = may attend); a float 0/1 or additive mask is refused."""
+    if mask is None:
+        return
+    shape = getattr(mask, "shape", None)
+    if getattr(mask, "dtype", None) != jnp.bool_ or len(shape) != 4:
+        raise ValueError(
+            "mask must be boolean [batch, heads, q_len, kv_len] (True = may attend; "
+            f"float or additive masks are not accepted), got {getattr(mask, 'dtype', None)} "
+            f"of shape {shape}"
+        )
+    for size, want, name in zip(
+        shape, (batch, heads, q_len, kv_len), ("batch", "heads", "q_len", "kv_len"), strict=True
+    ):
+        if size not in (1, want):
+            raise ValueError(
+                f"mask {shape} does not broadcast to [batch, heads, q_len, kv_len] = "
+                f"{(batch, heads, q_len, kv_len)}: its {name} is {size}"
+            )
+
+
 def combine_masks(*masks: Array | None) -> Array | None:
     """Logical AND of the given masks (``None`` entries are ignored)."""
     present = [m for m in masks if m is not None]
@@ -58,20 +99,25 @@ def attention_weights(
     mask: Array | None = None,
     matmul_precision: str = "float32",
     kernels: str = "xla",
+    score: Callable[[Array, Array, Callable[[Array, Array], Array]], Array] | None = None,
 ) -> Array:
     """softmax(Q K^T / sqrt(d_k)) as float32 ``[batch, heads, q_len, kv_len]`` (Eq. 1).
 
     Masked positions get weight 0; a query whose keys are all masked gets an
     all-zero row (never NaN). ``matmul_precision``: see
-    :mod:`transformer_jax.kernels.precision`; ``kernels``: the kernel set.
+    :mod:`transformer_jax.kernels.precision`; ``kernels``: the kernel set; ``score``:
+    ``score(q, k, dot)`` replaces the paper's ``dot(q, k)`` = Q K^T / sqrt(d_k).
     """
-    scale = q.shape[-1] ** -0.5
-    # bfloat16 inputs, float32 scores: the derivative's products stay on bfloat16 operands
-    arithmetic = "bfloat16" if q.dtype == jnp.bfloat16 else matmul_precision
-    scores = _kernels.ops(kernels).einsum(
-        "bqhd,bkhd->bhqk", q, k, arithmetic, preferred_element_type=jnp.float32
-    )
-    scores = scores * scale
+
+    def dot(q: Array, k: Array) -> Array:
+        # bfloat16 inputs, float32 scores: the derivative's products stay on bfloat16 operands
+        arithmetic = "bfloat16" if q.dtype == jnp.bfloat16 else matmul_precision
+        products = _kernels.ops(kernels).einsum(
+            "bqhd,bkhd->bhqk", q, k, arithmetic, preferred_element_type=jnp.float32
+        )
+        return products * q.shape[-1] ** -0.5
+
+    scores = dot(q, k) if score is None else score(q, k, dot)
     if mask is None:
         return jax.nn.softmax(scores, axis=-1)
     scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
@@ -92,6 +138,7 @@ def scaled_dot_product_attention(
     return_weights: bool = False,
     matmul_precision: str = "float32",
     kernels: str = "xla",
+    score: Callable[[Array, Array, Callable[[Array, Array], Array]], Array] | None = None,
 ) -> Array | tuple[Array, Array]:
     """Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V (paper Eq. 1).
 
@@ -113,6 +160,9 @@ def scaled_dot_product_attention(
       matmul_precision: operand precision of the products
         (:mod:`transformer_jax.kernels.precision`).
       kernels: the kernel set of the reference path's products and dropout.
+      score: ``score(q, k, dot)`` computes the scores in place of the paper's ``dot(q, k)``
+        = Q K^T / sqrt(d_k) (reference only; :class:`MultiHeadAttention` makes it from a
+        ``score_fn``).
 
     Returns:
       ``[batch, q_len, heads, d_v]`` in ``v.dtype`` (and the weights if asked).
@@ -130,12 +180,13 @@ def scaled_dot_product_attention(
             f"q/k head_dim and k/v [batch, length, heads] must match; got {q.shape}, "
             f"{k.shape}, {v.shape}"
         )
+    check_mask(mask, q.shape[0], q.shape[1], k.shape[1], q.shape[2])
     use_dropout = dropout_rate > 0.0 and not deterministic
     if impl != "reference":
-        if use_dropout or return_weights:
+        if use_dropout or return_weights or score is not None:
             raise ValueError(
-                f"impl={impl!r} supports neither attention dropout nor returning "
-                "weights; use impl='reference'"
+                f"impl={impl!r} supports neither attention dropout, returning weights nor a "
+                "score hook; use impl='reference'"
             )
         if impl == "cudnn" and matmul_precision != "bfloat16" and q.dtype == jnp.float32:
             raise ValueError(
@@ -146,7 +197,7 @@ def scaled_dot_product_attention(
 
     if is_causal:
         mask = combine_masks(mask, causal_mask(q.shape[1]))
-    weights = attention_weights(q, k, mask, matmul_precision, kernels)
+    weights = attention_weights(q, k, mask, matmul_precision, kernels, score)
     if use_dropout:
         if dropout_rng is None:
             raise ValueError("dropout_rng is required when dropout_rate > 0 and not deterministic")
@@ -207,6 +258,10 @@ def _fused_attention(
     return out.astype(v.dtype)
 
 
+def _hook(score_fn: ScoreFn, where: Where, q: Array, k: Array, dot: Callable) -> Array:
+    return score_fn(q, k, where, dot)
+
+
 # ------------------------------------------------------------- multi-head attention
 class MultiHeadAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O (paper §3.2.2).
@@ -220,7 +275,9 @@ class MultiHeadAttention(nn.Module):
     it is the incremental decoder's self-attention: each call takes one new position,
     appends its key and value to a ``cache`` collection sized at initialisation, and
     attends over the positions written so far. ``kernels``: the kernel set
-    (:mod:`transformer_jax.kernels`).
+    (:mod:`transformer_jax.kernels`). ``score_fn`` (:data:`ScoreFn`, reference attention
+    only) replaces the paper's scores; it is given the absolute positions (default
+    0..length-1; in cached decoding the cache index) and segment ids of the call.
     """
 
     num_heads: int
@@ -237,6 +294,7 @@ class MultiHeadAttention(nn.Module):
     causal: bool = False
     kernels: str = "xla"
     kernel_init: Callable = nn.initializers.xavier_uniform()
+    score_fn: ScoreFn | None = None
 
     @nn.compact
     def __call__(
@@ -245,8 +303,10 @@ class MultiHeadAttention(nn.Module):
         inputs_kv: Array | None = None,
         mask: Array | None = None,
         deterministic: bool = True,
+        where: Where | None = None,
     ) -> Array:
-        """Self-attention when ``inputs_kv`` is None, else attention from q onto kv."""
+        """Self-attention when ``inputs_kv`` is None, else attention from q onto kv;
+        ``where``: the positions and segments ``score_fn`` sees (default: 0..length-1)."""
         inputs_kv = inputs_q if inputs_kv is None else inputs_kv
         ops = _kernels.ops(self.kernels)
         proj = lambda name, dim: nn.DenseGeneral(  # noqa: E731
@@ -263,7 +323,14 @@ class MultiHeadAttention(nn.Module):
         v = proj("value", self.v_dim)(inputs_kv)
 
         if self.decode:
-            k, v, mask = self._update_cache(k, v, mask)
+            k, v, mask, index = self._update_cache(k, v, mask)
+            if index is not None:  # this step's query sits at the cache index
+                where = Where(index[None, None], jnp.arange(k.shape[1])[None])
+        score = None
+        if self.score_fn is not None:
+            if where is None:
+                where = Where(jnp.arange(q.shape[1])[None], jnp.arange(k.shape[1])[None])
+            score = functools.partial(_hook, self.score_fn, where)
 
         dropout_rng = None
         if self.dropout_rate > 0.0 and not deterministic:
@@ -281,6 +348,7 @@ class MultiHeadAttention(nn.Module):
             return_weights=self.sow_weights,
             matmul_precision=self.matmul_precision,
             kernels=self.kernels,
+            score=score,
         )
         if self.sow_weights:
             result, weights = result
@@ -298,14 +366,17 @@ class MultiHeadAttention(nn.Module):
         )
         return out(result)
 
-    def _update_cache(self, k: Array, v: Array, mask: Array | None) -> tuple[Array, Array, Array]:
-        """Write this step's key/value at ``cache_index`` and mask out unwritten slots."""
+    def _update_cache(
+        self, k: Array, v: Array, mask: Array | None
+    ) -> tuple[Array, Array, Array | None, Array | None]:
+        """Write this step's key/value at ``cache_index`` and mask out unwritten slots; also
+        return that index (``None`` on the init call)."""
         initialized = self.has_variable("cache", "cached_key")
         cached_key = self.variable("cache", "cached_key", jnp.zeros, k.shape, k.dtype)
         cached_value = self.variable("cache", "cached_value", jnp.zeros, v.shape, v.dtype)
         cache_index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
         if not initialized:  # init call: the given length is the cache's capacity
-            return k, v, mask
+            return k, v, mask, None
         batch, steps, heads, _ = k.shape
         max_len = cached_key.value.shape[1]
         if steps != 1:
@@ -315,4 +386,4 @@ class MultiHeadAttention(nn.Module):
         cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, v, (0, i, 0, 0))
         cache_index.value = i + 1
         written = (jnp.arange(max_len) <= i)[None, None, None, :]
-        return cached_key.value, cached_value.value, combine_masks(mask, written)
+        return cached_key.value, cached_value.value, combine_masks(mask, written), i

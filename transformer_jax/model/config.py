@@ -18,7 +18,8 @@ from transformer_jax.options import (
 )
 
 NORMS = ("post", "pre")
-POSITIONALS = ("sinusoidal", "learned")
+POSITIONALS = ("sinusoidal", "learned", "none")
+REMATS = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
@@ -34,7 +35,9 @@ class TransformerConfig:
     ``dtype=bfloat16`` (or only the matrix products' operands: ``matmul_precision``,
     :mod:`transformer_jax.kernels.precision`); ``scan_layers=True`` compiles each stack's
     layer once (its parameters are then stacked under ``layers`` instead of ``layer_0`` ...
-    ``layer_{N-1}``).
+    ``layer_{N-1}``); ``remat`` recomputes each layer's activations in the backward pass
+    instead of keeping them (``'full'``, or a :data:`jax.checkpoint_policies` name: what it
+    keeps), the same gradients.
     With shared embeddings, ``tgt_vocab_size`` below ``vocab_size`` makes the target side's
     pieces the shared vocabulary's first ``tgt_vocab_size``: the decoder reads and predicts
     only those rows (the tokenizer numbers pieces by target frequency for it).
@@ -60,7 +63,7 @@ class TransformerConfig:
     attention_dropout_rate: float = 0.0  # not in the paper; tensor2tensor used 0.1 later
     word_dropout_rate: float = 0.0  # not in the paper: whole input tokens' embeddings zeroed
     max_len: int = 512
-    positional: str = "sinusoidal"
+    positional: str = "sinusoidal"  # 'none': no added positions (e.g. a RoPE or ALiBi score_fn)
     norm: str = "post"
     share_embeddings: bool = True  # one source/target embedding matrix (§3.4)
     tie_output: bool = True  # pre-softmax linear = target embedding^T (§3.4)
@@ -72,6 +75,7 @@ class TransformerConfig:
     decode: bool = False  # incremental decoding over the KV cache
     sow_attention_weights: bool = False  # store weights in the 'intermediates' collection
     scan_layers: bool = False  # nn.scan over each stack: compile one layer, params stacked
+    remat: str = "none"  # recompute each layer in the backward pass: 'full' or a checkpoint policy
     kernels: str = "auto"  # 'auto' | 'xla' | 'cpu' (transformer_jax.kernels)
     platform: str = "auto"  # the target: 'cpu' | 'gpu' | 'cuda' | 'rocm' | 'tpu'
 
@@ -94,6 +98,7 @@ class TransformerConfig:
             if not 0.0 <= rate < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {rate!r}")
         _choice("norm", self.norm, NORMS)
+        _choice("remat", self.remat, REMATS)
         _choice("positional", self.positional, POSITIONALS)
         _choice("attention_impl", self.attention_impl, ATTENTION_IMPLS)
         _choice("matmul_precision", self.matmul_precision, MATMUL_PRECISIONS)

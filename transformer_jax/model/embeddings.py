@@ -66,7 +66,8 @@ class Embed(nn.Module):
 
 
 class AddPositions(nn.Module):
-    """Adds sinusoidal (paper) or learned (§3.5, Table 3 row E) position encodings.
+    """Adds sinusoidal (paper) or learned (§3.5, Table 3 row E) position encodings, or none
+    (``kind='none'``: positions then come from a score hook such as RoPE or ALiBi).
 
     ``positions`` gives each token's index explicitly (per-segment positions of packed
     sequences); otherwise positions are 0..length-1. With ``decode=True`` each call is
@@ -81,6 +82,8 @@ class AddPositions(nn.Module):
     @nn.compact
     def __call__(self, x: Array, positions: Array | None = None) -> Array:
         length, d_model = x.shape[-2], x.shape[-1]
+        if self.kind == "none":
+            return x
         if self.kind == "sinusoidal":
             table = sinusoidal_positions(self.max_len, d_model)
         else:

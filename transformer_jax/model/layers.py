@@ -5,6 +5,11 @@ Each sub-layer is wrapped as in §3.1 and §5.4:
 - ``norm='post'`` (paper): ``LayerNorm(x + Dropout(Sublayer(x)))``;
 - ``norm='pre'`` (Xiong et al. 2020): ``x + Dropout(Sublayer(LayerNorm(x)))``, with a
   final LayerNorm on each stack (applied in :mod:`transformer_jax.model.transformer`).
+
+The layers' pieces are module attributes, the paper's by default: ``ffn`` (a module class
+or factory called as ``ffn(config, name='ffn')``), ``norm`` (called as ``norm(config)``) and
+``score_fn`` (:data:`transformer_jax.model.attention.ScoreFn`, the self-attention's
+scores); :mod:`transformer_jax.model.variants` holds later ones.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer_jax import kernels
-from transformer_jax.model.attention import MultiHeadAttention
+from transformer_jax.model.attention import MultiHeadAttention, ScoreFn, Where
 from transformer_jax.model.config import TransformerConfig
 
 Array = jax.Array
@@ -25,6 +30,13 @@ Array = jax.Array
 def layer_norm(config: TransformerConfig, name: str | None = None) -> nn.LayerNorm:
     """LayerNorm with float32 statistics whatever the compute dtype."""
     return nn.LayerNorm(epsilon=1e-6, dtype=config.dtype, param_dtype=config.param_dtype, name=name)
+
+
+def sow_hidden(module: nn.Module, name: str, x: Array) -> None:
+    """Keep ``x`` in the ``'intermediates'`` collection when it is mutable (not at init: the
+    variables ``init`` returns are the parameters)."""
+    if not module.is_initializing():
+        module.sow("intermediates", name, x)
 
 
 class Dropout(nn.Module):
@@ -49,27 +61,39 @@ class Dropout(nn.Module):
 
 
 class FeedForward(nn.Module):
-    """FFN(x) = max(0, x W1 + b1) W2 + b2, d_model -> d_ff -> d_model (Eq. 2)."""
+    """FFN(x) = max(0, x W1 + b1) W2 + b2, d_model -> d_ff -> d_model (Eq. 2);
+    ``activation`` replaces max(0, .) (e.g. ``jax.nn.gelu``)."""
 
     config: TransformerConfig
+    activation: Callable[[Array], Array] = nn.relu
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
         cfg = self.config
-        dense = lambda features, name: nn.Dense(  # noqa: E731
-            features,
-            dtype=cfg.dtype,
-            param_dtype=cfg.param_dtype,
-            kernel_init=nn.initializers.xavier_uniform(),
-            dot_general=kernels.ops(cfg.kernel_set).dot_general(cfg.matmul_precision),
-            name=name,
-        )
-        w1, w2 = dense(cfg.d_ff, "w1"), dense(x.shape[-1], "w2")
-        return w2(nn.relu(w1(x)))
+        w1, w2 = dense(cfg, cfg.d_ff, "w1"), dense(cfg, x.shape[-1], "w2")
+        return w2(self.activation(w1(x)))
+
+
+def dense(config: TransformerConfig, features: int, name: str, use_bias: bool = True) -> nn.Dense:
+    """A Dense layer with the model's dtypes, Xavier initialisation and matrix products."""
+    return nn.Dense(
+        features,
+        use_bias=use_bias,
+        dtype=config.dtype,
+        param_dtype=config.param_dtype,
+        kernel_init=nn.initializers.xavier_uniform(),
+        dot_general=kernels.ops(config.kernel_set).dot_general(config.matmul_precision),
+        name=name,
+    )
 
 
 def attention(
-    config: TransformerConfig, *, causal: bool = False, decode: bool = False, name: str
+    config: TransformerConfig,
+    *,
+    causal: bool = False,
+    decode: bool = False,
+    score_fn: ScoreFn | None = None,
+    name: str,
 ) -> MultiHeadAttention:
     """The multi-head attention every layer uses, sized by ``config``."""
     return MultiHeadAttention(
@@ -85,36 +109,57 @@ def attention(
         matmul_precision=config.matmul_precision,
         causal=causal,
         kernels=config.kernel_set,
+        score_fn=score_fn,
         name=name,
     )
 
 
+Norm = Callable[..., nn.Module]  # norm(config, name=None) -> a module normalising the last axis
+FFN = Callable[..., nn.Module]  # ffn(config, name='ffn') -> a module d_model -> d_model
+
+
 class SubLayer(nn.Module):
-    """Residual connection, dropout and LayerNorm around one sub-layer (§3.1, §5.4)."""
+    """Residual connection, dropout and ``norm`` (LayerNorm) around one sub-layer (§3.1, §5.4)."""
 
     config: TransformerConfig
+    norm: Norm = layer_norm
 
     @nn.compact
     def __call__(self, x: Array, sublayer: Callable[[Array], Array], deterministic: bool) -> Array:
         dropout = Dropout(self.config.dropout_rate, self.config.kernel_set)
         if self.config.norm == "pre":
-            return x + dropout(sublayer(layer_norm(self.config)(x)), deterministic)
-        return layer_norm(self.config)(x + dropout(sublayer(x), deterministic))
+            return x + dropout(sublayer(self.norm(self.config)(x)), deterministic)
+        return self.norm(self.config)(x + dropout(sublayer(x), deterministic))
 
 
 class EncoderLayer(nn.Module):
-    """Self-attention then feed-forward, each wrapped by :class:`SubLayer` (§3.1)."""
+    """Self-attention then feed-forward, each wrapped by :class:`SubLayer` (§3.1).
+
+    ``where``: the tokens' positions and segments, for ``score_fn``."""
 
     config: TransformerConfig
+    ffn: FFN = FeedForward
+    norm: Norm = layer_norm
+    score_fn: ScoreFn | None = None
 
     @nn.compact
-    def __call__(self, x: Array, mask: Array | None, deterministic: bool = True) -> Array:
+    def __call__(
+        self,
+        x: Array,
+        mask: Array | None,
+        deterministic: bool = True,
+        where: Where | None = None,
+    ) -> Array:
         cfg = self.config
-        self_attention = attention(cfg, name="self_attention")
-        x = SubLayer(cfg, name="attention_block")(
-            x, lambda h: self_attention(h, mask=mask, deterministic=deterministic), deterministic
+        self_attention = attention(cfg, score_fn=self.score_fn, name="self_attention")
+        x = SubLayer(cfg, self.norm, name="attention_block")(
+            x,
+            lambda h: self_attention(h, mask=mask, deterministic=deterministic, where=where),
+            deterministic,
         )
-        return SubLayer(cfg, name="ffn_block")(x, FeedForward(cfg, name="ffn"), deterministic)
+        x = SubLayer(cfg, self.norm, name="ffn_block")(x, self.ffn(cfg, name="ffn"), deterministic)
+        sow_hidden(self, "hidden_state", x)
+        return x
 
 
 class DecoderLayer(nn.Module):
@@ -123,10 +168,14 @@ class DecoderLayer(nn.Module):
     ``self_mask`` is the target's padding (or segment) mask; the self-attention adds the
     causal mask itself. With ``encoded=None`` the cross-attention sub-layer is absent (a
     decoder-only stack). With ``config.decode`` the self-attention runs over its KV cache,
-    one position a call.
+    one position a call. ``score_fn`` is the self-attention's (the cross-attention keeps the
+    paper's scores); ``where``: the target tokens' positions and segments, for it.
     """
 
     config: TransformerConfig
+    ffn: FFN = FeedForward
+    norm: Norm = layer_norm
+    score_fn: ScoreFn | None = None
 
     @nn.compact
     def __call__(
@@ -136,19 +185,24 @@ class DecoderLayer(nn.Module):
         encoded: Array | None = None,
         cross_mask: Array | None = None,
         deterministic: bool = True,
+        where: Where | None = None,
     ) -> Array:
         cfg = self.config
-        self_attention = attention(cfg, causal=True, decode=cfg.decode, name="self_attention")
-        x = SubLayer(cfg, name="self_attention_block")(
+        self_attention = attention(
+            cfg, causal=True, decode=cfg.decode, score_fn=self.score_fn, name="self_attention"
+        )
+        x = SubLayer(cfg, self.norm, name="self_attention_block")(
             x,
-            lambda h: self_attention(h, mask=self_mask, deterministic=deterministic),
+            lambda h: self_attention(h, mask=self_mask, deterministic=deterministic, where=where),
             deterministic,
         )
         if encoded is not None:
             cross_attention = attention(cfg, name="cross_attention")
-            x = SubLayer(cfg, name="cross_attention_block")(
+            x = SubLayer(cfg, self.norm, name="cross_attention_block")(
                 x,
                 lambda h: cross_attention(h, encoded, mask=cross_mask, deterministic=deterministic),
                 deterministic,
             )
-        return SubLayer(cfg, name="ffn_block")(x, FeedForward(cfg, name="ffn"), deterministic)
+        x = SubLayer(cfg, self.norm, name="ffn_block")(x, self.ffn(cfg, name="ffn"), deterministic)
+        sow_hidden(self, "hidden_state", x)
+        return x

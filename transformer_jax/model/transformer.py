@@ -4,6 +4,15 @@
 ``[batch, tgt_len, tgt_vocab]``; ``encode`` and ``decode`` are its two halves, the
 latter also run one position at a time over the KV cache (``config.decode=True``).
 Optional ``*_segments`` / ``*_positions`` describe packed sequences (segment 0 = pad).
+
+The layers' pieces are module attributes, the paper's by default (Flax style: pass a module
+class or a callable): ``Transformer(config, ffn=..., norm=..., score_fn=...)``, and
+``encoder_layer`` / ``decoder_layer`` (``layer`` on :class:`Encoder` / :class:`Decoder`) for
+a whole layer class (:mod:`transformer_jax.model.layers`, :mod:`transformer_jax.model.variants`).
+``inputs_embeds`` (``src_embeds`` / ``tgt_embeds``) feed embeddings in place of the ids'; each
+layer sows its output as ``hidden_state`` (and each stack its input as ``embedded``) into the
+``'intermediates'`` collection when it is mutable. ``check_ids=True`` checks ids under jit
+with :mod:`jax.experimental.checkify`; eager (concrete) ids are always checked.
 """
 
 from __future__ import annotations
@@ -14,12 +23,23 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax.experimental import checkify
 
 from transformer_jax import kernels
-from transformer_jax.model.attention import padding_mask, segment_mask
+from transformer_jax.model.attention import ScoreFn, Where, padding_mask, segment_mask
 from transformer_jax.model.config import TransformerConfig, from_config_dict
 from transformer_jax.model.embeddings import AddPositions, Embed
-from transformer_jax.model.layers import DecoderLayer, Dropout, EncoderLayer, layer_norm
+from transformer_jax.model.layers import (
+    FFN,
+    DecoderLayer,
+    Dropout,
+    EncoderLayer,
+    FeedForward,
+    Norm,
+    layer_norm,
+    sow_hidden,
+)
 
 Array = jax.Array
 
@@ -38,13 +58,45 @@ def _embed(config: TransformerConfig, vocab_size: int, name: str) -> Embed:
     )
 
 
-def _check_tokens(name: str, tokens: Array) -> None:
+def check_tokens(name: str, tokens: Array, vocab: int, checked: bool = False) -> None:
+    """Integer ``[batch, length]`` ids in ``[0, vocab)``: checked here when concrete, and
+    under jit with ``checkify.check`` when ``checked`` (run the function through
+    ``checkify.checkify``)."""
     if tokens.ndim != 2:
         raise ValueError(
             f"{name} must be integer token ids [batch, length], got shape {tokens.shape}"
         )
     if not jnp.issubdtype(tokens.dtype, jnp.integer):
         raise ValueError(f"{name} must hold integer token ids, got dtype {tokens.dtype}")
+    if not isinstance(tokens, jax.core.Tracer):
+        ids = np.asarray(tokens)  # concrete: read on the host, whatever is being traced
+        low, high = int(ids.min(initial=0)), int(ids.max(initial=0))
+        if low < 0 or high >= vocab:
+            bad = low if low < 0 else high
+            raise ValueError(f"{name} holds id {bad} outside the vocabulary [0, {vocab})")
+    elif checked:
+        inside = jnp.all((tokens >= 0) & (tokens < vocab))
+        checkify.check(inside, f"{name} holds ids outside the vocabulary [0, {vocab})")
+
+
+def remat(config: TransformerConfig, layer: Any, deterministic_argnum: int) -> Any:
+    """``layer`` (a module class) recomputed in the backward pass as ``config.remat`` says;
+    ``deterministic_argnum``: the position of its ``deterministic`` argument (self is 0)."""
+    if config.remat == "none":
+        return layer
+    policy = None if config.remat == "full" else getattr(jax.checkpoint_policies, config.remat)
+    return nn.remat(
+        layer,
+        policy=policy,
+        static_argnums=(deterministic_argnum,),
+        prevent_cse=not config.scan_layers,  # a scan's loop already keeps XLA from merging
+    )
+
+
+def _where(positions: Array | None, segments: Array | None, length: int) -> Where:
+    """The absolute positions (default 0..length-1) and segments a score hook sees."""
+    positions = jnp.arange(length)[None] if positions is None else positions
+    return Where(positions, positions, segments, segments)
 
 
 def word_dropout(cfg: TransformerConfig, embedded: Array, deterministic: bool) -> Array:
@@ -59,37 +111,55 @@ def word_dropout(cfg: TransformerConfig, embedded: Array, deterministic: bool) -
 
 
 class Encoder(nn.Module):
-    """Embedding * sqrt(d_model) + positions, dropout, N encoder layers (§3.1)."""
+    """Embedding * sqrt(d_model) + positions, dropout, N encoder layers (§3.1).
+
+    ``inputs_embeds`` ``[batch, src_len, d_model]`` replaces ``embed(src)``; ``src`` (or
+    ``segments``) then only gives the padding mask and may be ``None`` (no padding).
+    """
 
     config: TransformerConfig
     embed: Embed | None = None  # shared embedding; a fresh one when None
+    layer: Callable[..., nn.Module] = EncoderLayer
+    ffn: FFN = FeedForward
+    norm: Norm = layer_norm
+    score_fn: ScoreFn | None = None
+    check_ids: bool = False
 
     @nn.compact
     def __call__(
         self,
-        src: Array,
+        src: Array | None,
         segments: Array | None = None,
         positions: Array | None = None,
         deterministic: bool = True,
+        inputs_embeds: Array | None = None,
     ) -> Array:
         cfg = self.config
-        _check_tokens("src", src)
+        if src is not None:
+            check_tokens("src", src, cfg.src_vocab, self.check_ids)
         embed = self.embed or _embed(cfg, cfg.src_vocab, "embed")
+        x = embed(src) if inputs_embeds is None else inputs_embeds
         x = AddPositions(
             cfg.max_len, cfg.positional, param_dtype=cfg.param_dtype, name="positions"
-        )(word_dropout(cfg, embed(src), deterministic), positions)
+        )(word_dropout(cfg, x, deterministic), positions)
         x = Dropout(cfg.dropout_rate, cfg.kernel_set)(x, deterministic)
-        mask = encoder_mask(src, cfg.pad_id, segments)
+        sow_hidden(self, "embedded", x)
+        mask = None if src is None and segments is None else encoder_mask(src, cfg.pad_id, segments)
+        where = None if self.score_fn is None else _where(positions, segments, x.shape[1])
+        layer = remat(cfg, self.layer, 3)  # (self, x, mask, deterministic, where)
         x = layer_stack(
             cfg,
-            lambda name: EncoderLayer(cfg, name=name),
+            lambda name: layer(
+                cfg, ffn=self.ffn, norm=self.norm, score_fn=self.score_fn, name=name
+            ),
             cfg.num_encoder_layers,
             x,
             mask,
             deterministic,
+            where,
         )
         if cfg.norm == "pre":
-            x = layer_norm(cfg, name="final_norm")(x)
+            x = self.norm(cfg, name="final_norm")(x)
         return x
 
 
@@ -97,15 +167,22 @@ class Decoder(nn.Module):
     """Masked decoder stack and output projection to logits (§3.1, §3.4).
 
     With ``encoded=None`` it is a decoder-only language model (no cross-attention).
+    ``inputs_embeds`` ``[batch, tgt_len, d_model]`` replaces ``embed(tgt_in)``; ``tgt_in``
+    then only gives the padding mask and may be ``None``. Pieces: as :class:`Encoder`.
     """
 
     config: TransformerConfig
     embed: Embed | None = None
+    layer: Callable[..., nn.Module] = DecoderLayer
+    ffn: FFN = FeedForward
+    norm: Norm = layer_norm
+    score_fn: ScoreFn | None = None
+    check_ids: bool = False
 
     @nn.compact
     def __call__(
         self,
-        tgt_in: Array,
+        tgt_in: Array | None,
         encoded: Array | None = None,
         src: Array | None = None,
         *,
@@ -113,21 +190,25 @@ class Decoder(nn.Module):
         tgt_segments: Array | None = None,
         tgt_positions: Array | None = None,
         deterministic: bool = True,
+        inputs_embeds: Array | None = None,
     ) -> Array:
         cfg = self.config
-        _check_tokens("tgt_in", tgt_in)
+        if tgt_in is not None:
+            check_tokens("tgt_in", tgt_in, cfg.tgt_vocab, self.check_ids)
         embed = self.embed or _embed(cfg, cfg.tgt_vocab, "embed")
+        x = embed(tgt_in) if inputs_embeds is None else inputs_embeds
         x = AddPositions(
             cfg.max_len,
             cfg.positional,
             decode=cfg.decode,
             param_dtype=cfg.param_dtype,
             name="positions",
-        )(word_dropout(cfg, embed(tgt_in), deterministic), tgt_positions)
+        )(word_dropout(cfg, x, deterministic), tgt_positions)
         x = Dropout(cfg.dropout_rate, cfg.kernel_set)(x, deterministic)
+        sow_hidden(self, "embedded", x)
 
-        if cfg.decode:  # the cache supplies causality; one real position per call
-            self_mask = None
+        if cfg.decode or (tgt_in is None and tgt_segments is None):
+            self_mask = None  # decoding: the cache supplies causality, one position per call
         elif tgt_segments is None:
             self_mask = padding_mask(tgt_in, cfg.pad_id)  # the layers add the causal mask
         else:
@@ -137,18 +218,23 @@ class Decoder(nn.Module):
             if src is None:
                 raise ValueError("decoding against `encoded` needs `src` token ids for its mask")
             cross_mask = cross_attention_mask(src, cfg.pad_id, src_segments, tgt_segments)
+        where = None if self.score_fn is None else _where(tgt_positions, tgt_segments, x.shape[1])
+        layer = remat(cfg, self.layer, 5)  # (self, x, self_mask, encoded, cross_mask, det., where)
         x = layer_stack(
             cfg,
-            lambda name: DecoderLayer(cfg, name=name),
+            lambda name: layer(
+                cfg, ffn=self.ffn, norm=self.norm, score_fn=self.score_fn, name=name
+            ),
             cfg.num_decoder_layers,
             x,
             self_mask,
             encoded,
             cross_mask,
             deterministic,
+            where,
         )
         if cfg.norm == "pre":
-            x = layer_norm(cfg, name="final_norm")(x)
+            x = self.norm(cfg, name="final_norm")(x)
 
         if cfg.tie_output:
             logits = embed.attend(x, cfg.tgt_vocab)
@@ -216,10 +302,17 @@ class Transformer(nn.Module):
     """The encoder-decoder model of Figure 1.
 
     ``share_embeddings`` uses one matrix for source and target embeddings, and
-    ``tie_output`` reuses the target embedding as the pre-softmax weights (§3.4).
+    ``tie_output`` reuses the target embedding as the pre-softmax weights (§3.4). The pieces
+    (module doc) are given to both stacks.
     """
 
     config: TransformerConfig
+    encoder_layer: Callable[..., nn.Module] = EncoderLayer
+    decoder_layer: Callable[..., nn.Module] = DecoderLayer
+    ffn: FFN = FeedForward
+    norm: Norm = layer_norm
+    score_fn: ScoreFn | None = None
+    check_ids: bool = False
 
     def setup(self) -> None:
         cfg = self.config
@@ -229,8 +322,13 @@ class Transformer(nn.Module):
         else:
             src_embed = _embed(cfg, cfg.src_vocab, "src_embed")
             tgt_embed = _embed(cfg, cfg.tgt_vocab, "tgt_embed")
-        self.encoder = Encoder(cfg, src_embed)
-        self.decoder = Decoder(cfg, tgt_embed)
+        pieces = dict(ffn=self.ffn, norm=self.norm, score_fn=self.score_fn)
+        self.encoder = Encoder(
+            cfg, src_embed, self.encoder_layer, check_ids=self.check_ids, **pieces
+        )
+        self.decoder = Decoder(
+            cfg, tgt_embed, self.decoder_layer, check_ids=self.check_ids, **pieces
+        )
 
     def encode(
         self,
@@ -238,9 +336,10 @@ class Transformer(nn.Module):
         src_segments: Array | None = None,
         src_positions: Array | None = None,
         deterministic: bool = True,
+        inputs_embeds: Array | None = None,
     ) -> Array:
         """Encoder output ``[batch, src_len, d_model]``."""
-        return self.encoder(src, src_segments, src_positions, deterministic)
+        return self.encoder(src, src_segments, src_positions, deterministic, inputs_embeds)
 
     def decode(
         self,
@@ -251,6 +350,7 @@ class Transformer(nn.Module):
         tgt_segments: Array | None = None,
         tgt_positions: Array | None = None,
         deterministic: bool = True,
+        inputs_embeds: Array | None = None,
     ) -> Array:
         """Float32 logits ``[batch, tgt_len, tgt_vocab]`` for the next target token."""
         return self.decoder(
@@ -261,6 +361,7 @@ class Transformer(nn.Module):
             tgt_segments=tgt_segments,
             tgt_positions=tgt_positions,
             deterministic=deterministic,
+            inputs_embeds=inputs_embeds,
         )
 
     def __call__(
@@ -272,12 +373,25 @@ class Transformer(nn.Module):
         src_positions: Array | None = None,
         tgt_positions: Array | None = None,
         deterministic: bool = True,
+        *,
+        src_embeds: Array | None = None,
+        tgt_embeds: Array | None = None,
     ) -> Array:
+        """Logits for ``tgt_in`` given ``src``; ``src_embeds`` / ``tgt_embeds``
+        ``[batch, length, d_model]`` replace the ids' embeddings (the ids then only give
+        the padding masks)."""
         if src.ndim == 2 and tgt_in.ndim == 2 and src.shape[0] != tgt_in.shape[0]:
             raise ValueError(f"src and tgt_in batch sizes differ: {src.shape} vs {tgt_in.shape}")
-        encoded = self.encode(src, src_segments, src_positions, deterministic)
+        encoded = self.encode(src, src_segments, src_positions, deterministic, src_embeds)
         return self.decode(
-            encoded, src, tgt_in, src_segments, tgt_segments, tgt_positions, deterministic
+            encoded,
+            src,
+            tgt_in,
+            src_segments,
+            tgt_segments,
+            tgt_positions,
+            deterministic,
+            tgt_embeds,
         )
 
 

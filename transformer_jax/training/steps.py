@@ -82,6 +82,7 @@ def make_batch(
     bos_id: int = BOS_ID,
     eos_id: int | None = EOS_ID,
     length: int | None = None,
+    vocab_size: int | None = None,
 ) -> dict[str, np.ndarray]:
     """The batch the steps take (module doc) from token ids without specials.
 
@@ -93,6 +94,7 @@ def make_batch(
         ``tgt_out`` = ids.
       length: pad every array to this length (fixed shapes compile once); default: the
         longest row of each.
+      vocab_size: ids must lie in ``[0, vocab_size)`` (negative ids are always refused).
 
     Returns:
       int32 numpy arrays ``src`` (when given), ``tgt_in``, ``tgt_out``.
@@ -117,8 +119,24 @@ def make_batch(
         out = np.full((len(value), width), pad_id, np.int32)
         for r, ids in enumerate(value):
             out[r, : len(ids)] = ids
+        low, high = int(out.min()), int(out.max())
+        if low < 0 or (vocab_size is not None and high >= vocab_size):
+            bound = "" if vocab_size is None else f" [0, {vocab_size})"
+            raise ValueError(
+                f"{key} holds id {low if low < 0 else high} outside the vocabulary{bound}"
+            )
         batch[key] = out
     return batch
+
+
+def check_batch(batch: Batch) -> None:
+    """The keys the steps read: ``tgt_in`` and ``tgt_out`` (module doc)."""
+    missing = [key for key in ("tgt_in", "tgt_out") if key not in batch]
+    if missing:
+        raise ValueError(
+            f"the batch has no {', '.join(map(repr, missing))} (it has {sorted(batch)}); "
+            "make_batch makes one"
+        )
 
 
 def _pad_id(model: nn.Module) -> int:
@@ -127,6 +145,7 @@ def _pad_id(model: nn.Module) -> int:
 
 
 def _forward(model: nn.Module, params: Any, batch: Batch, rng: Array | None) -> Array:
+    check_batch(batch)
     extra = {k: batch[k] for k in SEGMENT_KEYS if k in batch}
     inputs = (batch["src"], batch["tgt_in"]) if "src" in batch else (batch["tgt_in"],)
     return model.apply(
