@@ -36,14 +36,13 @@ def test_a_command_gets_the_rest_of_the_command_line_and_its_status_is_returned(
 
 
 @pytest.mark.parametrize("name", sorted(set(COMMANDS) - {"train"}))
-def test_help_keeps_the_descriptions_layout(name, capsys, monkeypatch):
+def test_help_keeps_the_descriptions_layout(name):
     """Each line of the command's docstring is a line of its ``--help`` (indented usage
-    lines, lists and paragraphs as written), not a paragraph argparse rewrapped."""
-    monkeypatch.setattr(sys, "argv", ["transformer-jax"])
-    with pytest.raises(SystemExit) as exit:
-        main([name, "--help"])
-    assert exit.value.code == 0
-    out = capsys.readouterr().out.splitlines()
+    lines, lists and paragraphs as written), not a paragraph argparse rewrapped; each
+    command in its own process, as the console script runs it (absl's flags are global)."""
+    result = transformer_jax(name, "--help")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout.splitlines()
     doc = COMMANDS[name][0].__doc__
     missing = [line for line in doc.strip().splitlines() if line.rstrip() not in out]
     assert not missing, missing

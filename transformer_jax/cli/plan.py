@@ -19,7 +19,6 @@ import os
 import sys
 
 from absl import app, flags
-from ml_collections import config_flags
 
 from transformer_jax.aot.gpus import GPUS
 from transformer_jax.aot.plan import DEFAULT_MEMORY_FRACTION, format_plan, make_plan
@@ -29,11 +28,7 @@ FLAGS = flags.FLAGS
 
 
 def _define_flags() -> None:
-    config_flags.DEFINE_config_file(
-        "config",
-        train_cli.DEFAULT_CONFIG,
-        "Run configuration file; override any field with --config.SECTION.FIELD=VALUE.",
-    )
+    train_cli.define_config_flag()
     flags.DEFINE_enum("gpu", "h100", sorted(GPUS), "The GPU to compile for.")
     flags.DEFINE_string("topology", "1x1x1", "HOSTSxPROCESSESxGPUS, e.g. 1x1x8 or 2x1x8.")
     flags.DEFINE_string("json", None, "Write the plan here as JSON.")
@@ -41,20 +36,6 @@ def _define_flags() -> None:
     flags.DEFINE_integer("decode_src_len", 128, "Beam search's source length (tokens).")
     flags.DEFINE_float("memory_fraction", DEFAULT_MEMORY_FRACTION, "Usable share of memory.")
     flags.DEFINE_bool("fit", True, "Find the largest data.tokens_per_batch that fits.")
-
-
-def _parse_flags(argv: list[str]) -> list[str]:
-    """absl's parsing, with this docstring and the flags for ``--help``, and one line for a
-    bad flag or config."""
-    if {"-h", "--help"} & set(argv[1:]):
-        print(f"{__doc__}\nflags:\n{FLAGS.module_help(FLAGS.find_module_defining_flag('gpu'))}")
-        sys.exit(0)
-    try:
-        return FLAGS(argv)
-    except flags.Error as e:
-        train_cli._fail(str(e).strip().splitlines()[-1], train_cli.EXIT_USAGE)
-    except (KeyError, AttributeError, TypeError, ValueError) as e:
-        train_cli._config_error(e)
 
 
 def _plan(argv: list[str]) -> None:
@@ -86,7 +67,7 @@ def _plan(argv: list[str]) -> None:
 def main() -> None:
     """``python -m transformer_jax.plan``: parse sys.argv, plan, print."""
     _define_flags()
-    app.run(_plan, flags_parser=_parse_flags)
+    app.run(_plan, flags_parser=train_cli.flags_parser(__doc__, "gpu"))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Prepare a run's data before training it:
 
-    python -m transformer_jax.data.prepare --config configs/base.py --workdir runs/base
-    python -m transformer_jax.data.prepare --config configs/base.py --data_dir /shared/wmt14
+    python -m transformer_jax.data.prepare --config base --workdir runs/base
+    python -m transformer_jax.data.prepare --config base --data_dir /shared/wmt14
 
 trains the tokenizer (``{workdir}/tokenizer.model``) if absent and encodes the training, dev
 and test splits into the prepared (binarized) splits that ``train.py`` maps: in
@@ -21,16 +21,14 @@ import os
 import sys
 
 from absl import app, flags
-from ml_collections import config_flags
 
 from transformer_jax import data as data_lib
 from transformer_jax.cli.train import (
-    DEFAULT_CONFIG,
     EXIT_ERROR,
-    _config_error,
     _fail,
-    _parse_flags,
     config_and_workdir,
+    define_config_flag,
+    flags_parser,
 )
 from transformer_jax.training.validation import validate_config
 
@@ -38,10 +36,7 @@ FLAGS = flags.FLAGS
 
 
 def _define_flags() -> None:
-    try:  # loads the default config file
-        config_flags.DEFINE_config_file("config", DEFAULT_CONFIG, "Run configuration file.")
-    except (KeyError, AttributeError, TypeError, ValueError) as e:
-        _config_error(e)
+    define_config_flag()
     flags.DEFINE_string("workdir", None, "The run's directory (default runs/<config name>).")
     flags.DEFINE_string("data_dir", None, "Where to prepare the splits (data.data_dir).")
 
@@ -74,7 +69,7 @@ def _prepare(argv: list[str]) -> None:
 def main() -> None:
     """``python -m transformer_jax.data.prepare``: parse sys.argv, prepare, exit."""
     _define_flags()
-    app.run(_prepare, flags_parser=_parse_flags)
+    app.run(_prepare, flags_parser=flags_parser(__doc__, "data_dir"))
 
 
 if __name__ == "__main__":

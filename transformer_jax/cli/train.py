@@ -30,6 +30,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 import jax
@@ -64,8 +65,8 @@ def _config_error(error: Exception) -> NoReturn:
     _fail(f"{'unknown config field' if unknown else 'bad --config'}: {lines}", EXIT_USAGE)
 
 
-def _define_flags() -> None:
-    """The command's flags, defined when it runs (importing this module defines none)."""
+def define_config_flag() -> None:
+    """``--config``: a packaged config's name or a config file, with its overrides."""
     try:  # loads the default config file
         config_flags.DEFINE_config_file(
             "config",
@@ -76,6 +77,11 @@ def _define_flags() -> None:
     except (KeyError, AttributeError, TypeError, ValueError) as e:
         _config_error(e)
     FLAGS["config"].parser = _NamedConfigParser(FLAGS["config"].parser)
+
+
+def _define_flags() -> None:
+    """The command's flags, defined when it runs (importing this module defines none)."""
+    define_config_flag()
     flags.DEFINE_string("workdir", None, "Output directory (default runs/<config name>).")
     flags.DEFINE_bool(
         "multihost", False, "One process of a run over several processes (jax.distributed)."
@@ -114,29 +120,34 @@ class _NamedConfigParser(flags.ArgumentParser):
         return self.files.flag_type()
 
 
-def _usage(full: bool) -> NoReturn:
-    """This docstring and the command's flags (all of absl's with ``--helpfull``); exit 0."""
-    module = FLAGS.find_module_defining_flag("workdir")
-    help_text = FLAGS.get_help() if full else FLAGS.module_help(module)
-    print(f"{__doc__}\nflags:\n{help_text}")
+def _usage(doc: str, own_flag: str, full: bool) -> NoReturn:
+    """``doc`` and the command's flags (all of absl's with ``--helpfull``); exit 0."""
+    modules = dict.fromkeys(FLAGS.find_module_defining_flag(n) for n in ("config", own_flag))
+    help_text = FLAGS.get_help() if full else "\n".join(map(FLAGS.module_help, modules))
+    print(f"{doc}\nflags:\n{help_text}")
     sys.exit(0)
 
 
-def _parse_flags(argv: list[str]) -> list[str]:
-    """absl's parsing, with help that exits 0 and one line for a bad flag or config."""
-    if _HELP & set(argv[1:]):
-        _usage(full="--helpfull" in argv)
-    try:
-        return FLAGS(argv)
-    except flags.Error as e:
-        text = str(e).strip()
-        if "Traceback" in text:  # the config file's get_config raised: its last line says why
-            _fail(f"bad --config: {text.splitlines()[-1]}", EXIT_USAGE)
-        _fail(text, EXIT_USAGE)
-    except (KeyError, AttributeError, TypeError, ValueError) as e:
-        _config_error(e)
-    except SyntaxError as e:
-        _fail(f"--config file {e.filename}, line {e.lineno}: {e.msg}", EXIT_USAGE)
+def flags_parser(doc: str, own_flag: str) -> Callable[[list[str]], list[str]]:
+    """absl's parsing for a command (``doc`` and its flags for ``--help``, ``own_flag`` one
+    it defines), with help that exits 0 and one line for a bad flag or config."""
+
+    def parse(argv: list[str]) -> list[str]:
+        if _HELP & set(argv[1:]):
+            _usage(doc, own_flag, full="--helpfull" in argv)
+        try:
+            return FLAGS(argv)
+        except flags.Error as e:
+            text = str(e).strip()
+            if "Traceback" in text:  # the config file's get_config raised: its last line says
+                _fail(f"bad --config: {text.splitlines()[-1]}", EXIT_USAGE)
+            _fail(text, EXIT_USAGE)
+        except (KeyError, AttributeError, TypeError, ValueError) as e:
+            _config_error(e)
+        except SyntaxError as e:
+            _fail(f"--config file {e.filename}, line {e.lineno}: {e.msg}", EXIT_USAGE)
+
+    return parse
 
 
 def _quiet_orbax() -> None:
@@ -230,7 +241,7 @@ def main() -> None:
     """``python train.py`` / ``python -m transformer_jax.train``: parse sys.argv, train, exit."""
     signal.signal(signal.SIGTERM, _preempted_at_start)  # until the loop's own handler
     _define_flags()
-    app.run(_train, flags_parser=_parse_flags)
+    app.run(_train, flags_parser=flags_parser(__doc__, "workdir"))
 
 
 if __name__ == "__main__":
