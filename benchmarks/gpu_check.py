@@ -30,7 +30,7 @@ from _common import ROOT, describe_machine, machine, table, time_calls, write_js
 from transformer_jax.analysis.costs import training_flops
 from transformer_jax.aot.gpus import GPUS
 from transformer_jax.aot.plan import products_precision
-from transformer_jax.data.batching import batch_rows
+from transformer_jax.data.plans import batch_rows
 from transformer_jax.ids import EOS_ID
 from transformer_jax.inference.decoding import beam_search
 from transformer_jax.model.transformer import Transformer

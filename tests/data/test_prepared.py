@@ -125,7 +125,8 @@ def test_an_interrupted_preparation_resumes_with_its_chunks(tmp_path, monkeypatc
     whole = pipeline.encode_pairs(tokenizer, load_pairs(config, "train"))
     for name in ("src", "src_offsets", "tgt", "tgt_offsets"):
         np.testing.assert_array_equal(getattr(resumed, name), getattr(whole, name))
-    assert info == {"pairs": 2907, "dtype": "uint16", "skipped_empty": 93, "replaced_lines": 0}
+    expected = {"pairs": 2907, "dtype": "uint16", "skipped_empty": 93, "replaced_lines": 0}
+    assert info == {**expected, "max_id": int(max(whole.src.max(), whole.tgt.max()))}
 
 
 def test_a_damaged_prepared_split_is_rebuilt(tmp_path, capsys):

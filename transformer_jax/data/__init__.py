@@ -5,7 +5,6 @@ from transformer_jax.data.batching import (
     Batcher,
     EncodedPairs,
     TrainIterator,
-    bucket_lengths,
     eval_batches,
     padding_efficiency,
 )
@@ -18,6 +17,7 @@ from transformer_jax.data.pipeline import (
     run_splits,
     train_iterator,
 )
+from transformer_jax.data.plans import bucket_lengths
 from transformer_jax.data.sources import SOURCES, load_pairs
 from transformer_jax.data.synthetic import synthetic_pairs
 from transformer_jax.data.tokenizer import (
