@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from _common import describe_machine, machine, summary, table, time_calls, write_json
+from _throughput_settings import SETTINGS
 
 from transformer_jax import Transformer, TransformerConfig
 from transformer_jax.ids import BOS_ID, EOS_ID
@@ -42,14 +43,7 @@ from transformer_jax.inference.decoding import beam_search, greedy_search, trans
 from transformer_jax.inference.search import greedy
 
 CONFIGS = {
-    "small": dict(
-        vocab_size=8000,
-        d_model=256,
-        num_heads=4,
-        d_ff=1024,
-        num_encoder_layers=3,
-        num_decoder_layers=3,
-    ),
+    "small": SETTINGS["small"].model,  # train_throughput.py's small model
     "base": dict(vocab_size=37000),  # the paper's base model (TransformerConfig's defaults)
     "tiny": dict(
         vocab_size=64, d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1, num_decoder_layers=1
