@@ -157,16 +157,20 @@ def _connect_errors_raised() -> Iterator[None]:
     connecting (e.g. a second process with the same id) aborts the process with a C++
     dump; with one, JAX 0.10 raises it from ``connect`` (the callback itself cannot be
     called with the error, so the error is what reaches Python)."""
-    make = jax_distributed._jax.get_distributed_runtime_client
+    runtime = getattr(jax_distributed, "_jax", None)
+    make = getattr(runtime, "get_distributed_runtime_client", None)
+    if make is None:  # another jax: its own behaviour on connection errors
+        yield
+        return
 
     def with_callback(*args: Any, **kwargs: Any) -> Any:
         return make(*args, missed_heartbeat_callback=lambda *_: None, **kwargs)
 
-    jax_distributed._jax.get_distributed_runtime_client = with_callback
+    runtime.get_distributed_runtime_client = with_callback
     try:
         yield
     finally:
-        jax_distributed._jax.get_distributed_runtime_client = make
+        runtime.get_distributed_runtime_client = make
 
 
 _ending = threading.Lock()
