@@ -17,7 +17,7 @@ budget. Reported: BLEU, steps, epochs, the training loop's tokens/s and the loss
 curve, read from the files the run writes (``{workdir}/run_info.json`` and
 ``metrics.jsonl``).
 
-``--vs-torch`` first runs the PyTorch baseline (``../shared/bench/multi30k_torch.py``, a
+``--vs-torch`` first runs the PyTorch baseline (``--torch-script PATH``, a script training a
 plain ``torch.nn.Transformer`` of the same size) for the same minutes on the same data,
 then the project's run, and prints both side by side with the difference. The baseline's
 clock counts its training steps only (not its tokenizer, encoding, validation or
