@@ -90,8 +90,14 @@ def setting(default: Any, help: str, check: Check, *, resumable: bool = False) -
 
 
 def specs(section: type) -> dict[str, tuple[dataclasses.Field, Spec]]:
-    """``{name: (field, spec)}`` of a section's fields, in their order."""
-    return {f.name: (f, f.metadata[SPEC]) for f in dataclasses.fields(section)}
+    """``{name: (field, spec)}`` of a section's fields, in their order; TypeError naming a
+    field declared without :func:`setting`."""
+    found = {}
+    for f in dataclasses.fields(section):
+        if SPEC not in f.metadata:
+            raise TypeError(f"{section.__name__}.{f.name}: declare it with setting(default, ...)")
+        found[f.name] = (f, f.metadata[SPEC])
+    return found
 
 
 def check_values(section: type, values: Mapping[str, Any], prefix: str = "") -> None:
