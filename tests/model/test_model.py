@@ -11,7 +11,7 @@ from conftest import TINY_CONFIG
 from transformer_jax import Decoder, Encoder, Transformer, TransformerConfig
 from transformer_jax.model.config import from_config_dict
 from transformer_jax.model.layers import EncoderLayer
-from transformer_jax.training.defaults import default_config
+from transformer_jax.training.schema import default_config
 
 TINY = TINY_CONFIG.replace(vocab_size=40, d_model=32, num_heads=4, d_ff=64)
 
