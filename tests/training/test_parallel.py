@@ -120,7 +120,9 @@ def test_each_device_gets_its_own_dropout_key(results):
 
 def test_unknown_parallel_kind():
     model = Transformer(TransformerConfig(vocab_size=8, d_model=8, num_heads=2, d_ff=8))
-    with pytest.raises(ValueError, match=r"train.parallel must be one of \('pmap', 'shard_map'\)"):
+    with pytest.raises(
+        ValueError, match=r"train.parallel must be one of \('pmap', 'shard_map', 'mesh'\)"
+    ):
         DataParallel("tpu_magic", model, 0.1)
 
 

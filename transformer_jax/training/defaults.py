@@ -63,7 +63,8 @@ def default_config() -> ml_collections.ConfigDict:
     config.train.label_smoothing_convention = "t2t"  # eps/(V-1) elsewhere; 'uniform': eps/V
     config.train.grad_accum_steps = 1
     config.train.prefetch = 2  # steps of batches a thread reads and places ahead (0: inline)
-    config.train.parallel = "pmap"  # 'pmap' | 'shard_map'
+    config.train.parallel = "pmap"  # 'pmap' | 'shard_map' | 'mesh' (sharded params: README)
+    config.train.mesh_model = 1  # parallel='mesh': size of the mesh's model axis (tensor parallel)
     config.train.seed = 0
     config.train.log_every = 100
     config.train.eval_every = 5000

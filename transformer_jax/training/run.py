@@ -19,6 +19,7 @@ from transformer_jax.model.transformer import Transformer
 from transformer_jax.training import checkpoints
 from transformer_jax.training.defaults import default_config
 from transformer_jax.training.distributed import from_process_zero
+from transformer_jax.training.mesh import MeshParallel, make_parallel
 from transformer_jax.training.optimizer import (
     transformer_optimizer,
     transformer_schedule,
@@ -40,6 +41,7 @@ RESUMABLE = (
     "train.test_sentences",
     "train.samples",
     "train.parallel",
+    "train.mesh_model",
     "train.prefetch",
     "data.text_dir",
     "data.tfds_data_dir",
@@ -152,7 +154,7 @@ class Run:
     workdir: str
     model_config: TransformerConfig
     tokenizer: data_lib.Tokenizer
-    dp: DataParallel
+    dp: DataParallel | MeshParallel
     state: TrainState
     data_state: dict[str, int] | None
     checkpointer: checkpoints.Checkpointer
@@ -190,11 +192,12 @@ def start_run(
         return b""
 
     from_process_zero(prepare)  # the others then map the files process 0 wrote
-    dp = DataParallel(
+    dp = make_parallel(
         config.train.parallel,
         Transformer(model_config),
         config.train.label_smoothing,
         label_smoothing_convention=config.train.label_smoothing_convention,
+        mesh_model=config.train.mesh_model,
     )
     state = init_state(model_config, config)
     checkpointer = checkpoints.Checkpointer(workdir, config.train.keep_checkpoints)

@@ -17,6 +17,7 @@ from transformer_jax.model.config import TransformerConfig, from_config_dict
 from transformer_jax.model.transformer import parameter_shapes
 from transformer_jax.options import CUDA_PLATFORMS
 from transformer_jax.training.loss import check_convention
+from transformer_jax.training.mesh import mesh_shape
 from transformer_jax.training.parallel import check_kind
 
 
@@ -73,6 +74,9 @@ def validate_config(config: ml_collections.ConfigDict) -> TransformerConfig:
     _float(config, "train", "label_smoothing", -1e-12, 1.0)
     check_convention(config.train.label_smoothing_convention, "train.label_smoothing_convention")
     check_kind(config.train.parallel)
+    _int(config, "train", "mesh_model", 1)
+    if config.train.parallel == "mesh":
+        mesh_shape(jax.device_count(), config.train.mesh_model)
 
     data = config.data
     if data.source not in SOURCES:
