@@ -56,9 +56,11 @@ def mesh_shape(num_devices: int, model_size: int) -> tuple[int, int]:
 class MeshParallel:
     """The train/eval steps of ``steps`` jitted over a ``('data', 'model')`` mesh.
 
-    ``model_size``: the size of the ``'model'`` axis (tensor parallelism); the ``'data'``
-    axis takes the other devices. Host arrays go in through ``replicate`` (placed sharded,
-    the name kept from :class:`DataParallel`) and ``put_batch``.
+    ``model``: an encoder-decoder module, ``model.init(key, src, tgt_in)`` (its parameters'
+    logical names are read from an abstract ``init``); ``model_size``: the size of the
+    ``'model'`` axis (tensor parallelism); the ``'data'`` axis takes the other devices.
+    Host arrays go in through ``replicate`` (placed sharded, the name kept from
+    :class:`DataParallel`) and ``put_batch``.
     """
 
     kind = "mesh"
