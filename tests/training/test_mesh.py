@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import pytest
 from conftest import ROOT
 from test_loop import micro_config
+from test_parallel import SETUP
 
 from transformer_jax.model import variants
 from transformer_jax.model.config import TransformerConfig
@@ -27,52 +28,18 @@ from transformer_jax.training.validation import validate_config
 NAMES = {"vocab", "embed", "heads", "kv", "mlp", "length", "layers"}
 LOSS_TOLERANCE = 1e-5  # float32 sums in another order: mesh vs pmap per-token losses
 
-SCRIPT = textwrap.dedent(
+SCRIPT = SETUP + textwrap.dedent(
     """
-    import json, sys
-    import jax, numpy as np
-    from transformer_jax.model.config import TransformerConfig
-    from transformer_jax.model.transformer import Transformer
-    from transformer_jax.training import checkpoints, optimizer, parallel, steps
+    from transformer_jax.training import checkpoints
     from transformer_jax.training.mesh import MeshParallel
 
-    assert jax.device_count() == 4
-    config = TransformerConfig(vocab_size=40, d_model=32, num_heads=4, d_ff=64,
-                               num_encoder_layers=1, num_decoder_layers=1,
-                               dropout_rate=0.0, max_len=32)
-    model = Transformer(config)
-    rs = np.random.RandomState(0)
-
-    def batch(rows=10):  # 10 rows: padded with empty rows to 12 (pmap) or 10 (mesh data 2)
-        src = rs.randint(4, 40, (rows, 7)).astype(np.int32)
-        src[:, 5:] = 0
-        tgt = rs.randint(4, 40, (rows, 6)).astype(np.int32)
-        tgt[:3, 4:] = 0
-        return {"src": src, "tgt_in": tgt[:, :-1], "tgt_out": tgt[:, 1:]}
-
-    batches = [batch() for _ in range(3)]
-    params = model.init(jax.random.PRNGKey(0), batches[0]["src"], batches[0]["tgt_in"])["params"]
-    tx = optimizer.transformer_optimizer(optimizer.transformer_schedule(32, 3))
-    initial = jax.device_get(steps.create_train_state(params, tx, jax.random.PRNGKey(1)))
-
-    def train(dp, state, todo, accum=False):
-        losses = []
-        for b in todo:
-            if not accum:
-                state, m = dp.train_step(state, b)
-            else:  # two micro-batches of 5 rows make up the same global batch
-                acc = dp.zero_accumulator(state)
-                for j, part in enumerate([slice(0, 5), slice(5, None)]):
-                    acc = dp.accumulate(acc, state, {k: v[part] for k, v in b.items()}, j)
-                state, m = dp.apply(state, acc)
-            losses.append(float(m["loss"] / m["tokens"]))
-        return state, losses
+    start = initial()
 
     pmap = parallel.DataParallel("pmap", model, 0.1)
     mesh = MeshParallel(model, 0.1, model_size=2)
-    _, out_pmap = train(pmap, pmap.replicate(initial), batches)
-    state, out_mesh = train(mesh, mesh.replicate(initial), batches)
-    _, out_accum = train(mesh, mesh.replicate(initial), batches, accum=True)
+    _, out_pmap = train(pmap, pmap.replicate(start), batches)
+    state, out_mesh = train(mesh, mesh.replicate(start), batches)
+    _, out_accum = train(mesh, mesh.replicate(start), batches, accum=True)
     ev = mesh.eval_step(state.params, batches[0])
 
     def shards(tree):  # path -> [whole shape, this device's shard shape]
@@ -86,10 +53,10 @@ SCRIPT = textwrap.dedent(
 
     # a checkpoint of the state after two mesh steps, restored and placed, takes step 3
     ckpt = checkpoints.Checkpointer(sys.argv[1], 5)
-    two, _ = train(mesh, mesh.replicate(initial), batches[:2])
+    two, _ = train(mesh, mesh.replicate(start), batches[:2])
     ckpt.save_state(mesh.unreplicate(two), {"position": 2})
     ckpt.wait()
-    restored, data = ckpt.restore_state(initial)
+    restored, data = ckpt.restore_state(start)
     _, resumed = train(mesh, mesh.replicate(restored), batches[2:])
 
     scan = Transformer(config.replace(scan_layers=True))
