@@ -58,18 +58,23 @@ SCRIPT = SETUP + textwrap.dedent(
     ckpt.wait()
     restored, data = ckpt.restore_state(start)
     _, resumed = train(mesh, mesh.replicate(restored), batches[2:])
+    _, resumed_pmap = train(pmap, pmap.replicate(restored), batches[2:])
 
-    scan = Transformer(config.replace(scan_layers=True))
-    scan_params = jax.device_get(
-        scan.init(jax.random.PRNGKey(0), batches[0]["src"], batches[0]["tgt_in"])["params"])
-    scan_mesh = MeshParallel(scan, 0.1, model_size=2)
+    # scan_layers: the same parameters stacked on a leading layer axis (one layer a stack)
+    stack = lambda part: {("layers" if k == "layer_0" else k):
+                          jax.tree.map(lambda x: x[None], v) if k == "layer_0" else v
+                          for k, v in part.items()}
+    scan_params = {k: stack(v) if k in ("encoder", "decoder") else v for k, v in params.items()}
+    scan_start = jax.device_get(steps.create_train_state(scan_params, start.tx, start.rng))
+    scan_mesh = MeshParallel(Transformer(config.replace(scan_layers=True)), 0.1, model_size=2)
+    scan_state, out_scan = train(scan_mesh, scan_mesh.replicate(scan_start), batches)
     out = {
         "pmap": out_pmap, "mesh": out_mesh, "accum": out_accum,
         "eval": float(ev["loss"] / ev["tokens"]),
         "params": shards(state.params), "opt_state": shards(state.opt_state),
         "device_bytes": device(placed), "whole_bytes": whole(placed),
-        "resumed": resumed, "data": data, "step": int(restored.step),
-        "scan": shards(scan_mesh.replicate(scan_params)),
+        "resumed": resumed, "resumed_pmap": resumed_pmap, "data": data,
+        "step": int(restored.step), "scan_losses": out_scan, "scan": shards(scan_state.params),
     }
     print("RESULT" + json.dumps(out))
     """
@@ -163,7 +168,7 @@ def test_data_parallel_leaves_mesh_to_mesh_parallel():
 
 @pytest.mark.slow  # a 4-device subprocess compiling pmap and mesh steps
 def test_mesh_trains_to_pmap_losses(results):
-    for name in ("mesh", "accum"):
+    for name in ("mesh", "accum", "scan_losses"):
         assert results[name] == pytest.approx(results["pmap"], abs=LOSS_TOLERANCE), name
     assert results["pmap"][0] > results["pmap"][-1]  # it learns
     assert 0 < results["eval"] < results["pmap"][0]
@@ -190,9 +195,10 @@ def test_parameters_and_adam_state_are_sharded(results):
 
 
 @pytest.mark.slow
-def test_a_mesh_checkpoint_restores_and_resumes(results):
+def test_a_mesh_checkpoint_restores_and_resumes_under_mesh_and_pmap(results):
     assert results["step"] == 2 and results["data"] == {"position": 2}
     assert results["resumed"] == pytest.approx(results["mesh"][2:], abs=1e-6)
+    assert results["resumed_pmap"] == pytest.approx(results["mesh"][2:], abs=LOSS_TOLERANCE)
 
 
 @pytest.mark.slow  # a train.py process on 4 devices: tokenizer, 4 steps, evaluation, test BLEU
