@@ -12,8 +12,7 @@ JSON-able dict:
 * ``train`` (with ``train.grad_accum_steps > 1``: one micro-batch's accumulation, whose
   update runs once per step): ``length``, ``rows_per_device``, ``tokens_per_device`` (per side),
   ``compile_s``, per device ``param_bytes``, ``optimizer_bytes`` (a mesh's shards),
-  ``argument_bytes``,
-  ``temp_bytes``, ``total_bytes`` (arguments + new outputs + temporaries),
+  ``argument_bytes``, ``temp_bytes``, ``total_bytes`` (arguments + new outputs + temporaries),
   ``memory_bytes`` (the GPU's), ``usable_bytes`` (``memory_fraction`` of it: JAX
   preallocates 75% by default), ``fits``; ``hlo`` (:func:`.programs.hlo_summary`:
   collectives with count and bytes per step, cuDNN attention calls, host transfers,
