@@ -75,6 +75,19 @@ def test_train_step_compiles_for_h100s(name, arithmetic, kind, topology):
         assert reduced["count"] == 0, compiled.hlo
 
 
+def test_mesh_train_step_compiles_for_8_h100s_with_sharded_parameters():
+    config, model = run_config("big", "bfloat16-cudnn")  # train.parallel='mesh'
+    config.train.mesh_model = 2  # 4 x 2: FSDP over 4, tensor parallel over 2
+    devices = programs.gpu_devices(H100, "1x1x8")
+    compiled = programs.train_program(model, config, devices, ROWS * 4, LENGTH, "mesh")
+    sublayers = model.num_encoder_layers + 2 * model.num_decoder_layers
+    check(compiled, model, calls=2 * sublayers)
+    state = programs.abstract_state(model, config)
+    whole = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state))
+    assert compiled.argument_bytes < whole / 4, (compiled.argument_bytes, whole)
+    assert {"all-gather", "reduce-scatter"} <= set(compiled.hlo["collectives"]), compiled.hlo
+
+
 @pytest.mark.parametrize("arithmetic", ["bfloat16-cudnn", "float32"])
 def test_beam_search_compiles_for_an_h100(arithmetic):
     config, model = run_config("base", arithmetic)

@@ -16,9 +16,11 @@ from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.training.parallel import DataParallel, shard_batch
 
-SCRIPT = textwrap.dedent(
+# 4 simulated devices: a micro model, three batches of 10 rows, its initial train state and
+# train(dp, state, batches, accum) -> (state, per-token losses)
+SETUP = textwrap.dedent(
     """
-    import json
+    import json, sys
     import jax, numpy as np
     from transformer_jax.model.config import TransformerConfig
     from transformer_jax.model.transformer import Transformer
@@ -42,14 +44,13 @@ SCRIPT = textwrap.dedent(
     params = model.init(jax.random.PRNGKey(0), batches[0]["src"], batches[0]["tgt_in"])["params"]
     schedule = optimizer.transformer_schedule(32, 3)
 
-    def initial(weight_decay):
+    def initial(weight_decay=0.0):
         tx = optimizer.transformer_optimizer(schedule, weight_decay=weight_decay)
         return jax.device_get(steps.create_train_state(params, tx, jax.random.PRNGKey(1)))
 
-    def run(kind, n, accum=False, evaluate=False, weight_decay=0.0):
-        dp = parallel.DataParallel(kind, model, 0.1, devices=jax.devices()[:n])
-        state, losses = dp.replicate(initial(weight_decay)), []
-        for b in batches:
+    def train(dp, state, todo, accum=False):  # the state after the batches, and their losses
+        losses = []
+        for b in todo:
             if not accum:
                 state, m = dp.train_step(state, b)
             else:  # two micro-batches of 5 rows make up the same global batch
@@ -59,6 +60,14 @@ SCRIPT = textwrap.dedent(
                     acc = dp.accumulate(acc, state, micro, j)
                 state, m = dp.apply(state, acc)
             losses.append(float(m["loss"] / m["tokens"]))
+        return state, losses
+    """
+)
+SCRIPT = SETUP + textwrap.dedent(
+    """
+    def run(kind, n, accum=False, evaluate=False, weight_decay=0.0):
+        dp = parallel.DataParallel(kind, model, 0.1, devices=jax.devices()[:n])
+        state, losses = train(dp, dp.replicate(initial(weight_decay)), batches, accum)
         if evaluate:
             ev = dp.eval_step(state.params, batches[0])
             losses.append(float(ev["loss"] / ev["tokens"]))
@@ -120,7 +129,9 @@ def test_each_device_gets_its_own_dropout_key(results):
 
 def test_unknown_parallel_kind():
     model = Transformer(TransformerConfig(vocab_size=8, d_model=8, num_heads=2, d_ff=8))
-    with pytest.raises(ValueError, match=r"train.parallel must be one of \('pmap', 'shard_map'\)"):
+    with pytest.raises(
+        ValueError, match=r"train.parallel must be one of \('pmap', 'shard_map', 'mesh'\)"
+    ):
         DataParallel("tpu_magic", model, 0.1)
 
 

@@ -5,14 +5,14 @@
 ``data.plans.batch_rows`` gives it, and beam search at a stated batch, and returns a
 JSON-able dict:
 
-* ``gpu``, ``topology``, ``devices``, ``parallel`` (``train.parallel``: pmap and
-  shard_map both compile without devices),
+* ``gpu``, ``topology``, ``devices``, ``parallel`` (``train.parallel``: pmap, shard_map
+  and mesh all compile without devices),
   ``dtype``, ``matmul_precision``, ``products`` (the precision the products run at),
   ``attention_impl``, ``grad_accum_steps``.
 * ``train`` (with ``train.grad_accum_steps > 1``: one micro-batch's accumulation, whose
   update runs once per step): ``length``, ``rows_per_device``, ``tokens_per_device`` (per side),
-  ``compile_s``, per device ``param_bytes``, ``optimizer_bytes``, ``argument_bytes``,
-  ``temp_bytes``, ``total_bytes`` (arguments + new outputs + temporaries),
+  ``compile_s``, per device ``param_bytes``, ``optimizer_bytes`` (a mesh's shards),
+  ``argument_bytes``, ``temp_bytes``, ``total_bytes`` (arguments + new outputs + temporaries),
   ``memory_bytes`` (the GPU's), ``usable_bytes`` (``memory_fraction`` of it: JAX
   preallocates 75% by default), ``fits``; ``hlo`` (:func:`.programs.hlo_summary`:
   collectives with count and bytes per step, cuDNN attention calls, host transfers,
@@ -46,8 +46,8 @@ from transformer_jax.analysis.costs import training_flops
 from transformer_jax.aot.gpus import NETWORK_BANDWIDTH, Gpu, get_gpu
 from transformer_jax.aot.programs import (
     Compiled,
-    abstract_state,
     decode_program,
+    device_state,
     gpu_devices,
     parse_topology,
     train_program,
@@ -61,7 +61,9 @@ FIT_FACTOR = 4  # the fit's second compile has this many times the run's rows
 
 
 def _nbytes(tree: Any) -> int:
-    return int(sum(np.prod(x.shape) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree)))
+    """Bytes per device: a sharded leaf's shard, others whole."""
+    shape = lambda x: x.shape if x.sharding is None else x.sharding.shard_shape(x.shape)  # noqa: E731
+    return int(sum(np.prod(shape(x)) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree)))
 
 
 def products_precision(model: TransformerConfig) -> str:
@@ -162,7 +164,7 @@ def make_plan(
         return train_program(model, config, devices, r * n, length, kind)
 
     first = compile_rows(rows)
-    state = abstract_state(model, config)
+    state = device_state(model, config, devices, kind)
     train = _train_entry(first, rows, length, state, gpu)
     train |= {"usable_bytes": usable, "fits": first.total_bytes <= usable}
     plan = {

@@ -1,8 +1,9 @@
 """The run's programs compiled for GPUs that are not there (deviceless ahead-of-time).
 
 ``jax.experimental.topologies`` with a GPU's target config (:mod:`.gpus`) gives
-compile-only devices; the training step of ``training.parallel.DataParallel`` (the program
-``train.py`` runs: ``pmap`` or ``shard_map`` over the devices, the run's batch shapes) and
+compile-only devices; the training step of ``training.parallel.DataParallel`` or
+``training.mesh.MeshParallel`` (the program ``train.py`` runs: ``pmap``, ``shard_map`` or
+the sharded ``mesh`` over the devices, the run's batch shapes) and
 the beam search of ``translate`` / ``evaluate`` compile for them from abstract arguments.
 Nothing is executed and no parameter is made. This needs the CUDA plugin of the installed
 jax (``pip install -e '.[gpu-aot]'``); run it with ``JAX_PLATFORMS=cpu``.
@@ -28,6 +29,7 @@ from transformer_jax.aot.gpus import Gpu, target_config
 from transformer_jax.inference.decoding import beam_search
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.transformer import Transformer
+from transformer_jax.training.mesh import MeshParallel
 from transformer_jax.training.parallel import AXIS, DataParallel
 from transformer_jax.training.run import new_state
 from transformer_jax.training.steps import zero_accumulator
@@ -167,6 +169,8 @@ def train_program(
     """The step ``train.py`` runs on ``devices`` for a global batch of ``rows`` x ``length``
     (``rows`` a multiple of the device count): ``train_step``, or with
     ``train.grad_accum_steps > 1`` one micro-batch's ``accumulate``."""
+    if kind == "mesh":
+        return _mesh_train_program(model, config, devices, rows, length)
     n = len(devices)
     dp = DataParallel(
         kind,
@@ -189,6 +193,47 @@ def train_program(
         batch = {k: _spec((rows, length), jnp.int32, split) for k in keys}
     if config.train.grad_accum_steps > 1:
         buffers = jax.tree.map(lambda x: with_sharding(_spec((n, *x.shape), x.dtype)), buffers)
+        return compile_program(dp._accumulate, buffers, state, batch, np.int32(0))
+    return compile_program(dp._train, state, batch)
+
+
+def device_state(
+    model: TransformerConfig, config: ml_collections.ConfigDict, devices: list[Any], kind: str
+) -> Any:
+    """:func:`abstract_state` with the shardings ``train.parallel='mesh'`` gives it on
+    ``devices`` (whole arrays for ``pmap`` / ``shard_map``, which copy the state)."""
+    state = abstract_state(model, config)
+    return state if kind != "mesh" else _placed(_mesh(model, config, devices), state)
+
+
+def _mesh(model: TransformerConfig, config: ml_collections.ConfigDict, devices: list) -> Any:
+    return MeshParallel(
+        Transformer(model),
+        config.train.label_smoothing,
+        devices=devices,
+        label_smoothing_convention=config.train.label_smoothing_convention,
+        model_size=config.train.mesh_model,
+    )
+
+
+def _placed(dp: MeshParallel, tree: Any) -> Any:
+    return jax.tree.map(lambda x, s: _spec(x.shape, x.dtype, s), tree, dp.shardings(tree))
+
+
+def _mesh_train_program(
+    model: TransformerConfig,
+    config: ml_collections.ConfigDict,
+    devices: list[Any],
+    rows: int,
+    length: int,
+) -> Compiled:
+    """:func:`train_program` for ``train.parallel='mesh'`` (``training.mesh``)."""
+    dp = _mesh(model, config, devices)
+    state = _placed(dp, abstract_state(model, config))
+    split = NamedSharding(dp.mesh, P("data"))
+    batch = {k: _spec((rows, length), jnp.int32, split) for k in ("src", "tgt_in", "tgt_out")}
+    if config.train.grad_accum_steps > 1:
+        buffers = _placed(dp, jax.eval_shape(zero_accumulator, state.params))
         return compile_program(dp._accumulate, buffers, state, batch, np.int32(0))
     return compile_program(dp._train, state, batch)
 

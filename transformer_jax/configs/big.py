@@ -18,4 +18,5 @@ def get_config():
     config.model.d_ff = 4096
     config.model.dropout_rate = 0.3  # en-de big used P_drop = 0.3 (Table 3)
     config.train.num_steps = 300_000  # 300k steps (§5.2)
+    config.train.parallel = "mesh"  # params and Adam state split over the GPUs, not copied to each
     return config

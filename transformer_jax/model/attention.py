@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer_jax import kernels as _kernels
+from transformer_jax.model.partitioning import logical
 from transformer_jax.options import ATTENTION_IMPLS
 
 Array = jax.Array
@@ -314,7 +315,7 @@ class MultiHeadAttention(nn.Module):
             use_bias=False,
             dtype=self.dtype,
             param_dtype=self.param_dtype,
-            kernel_init=self.kernel_init,
+            kernel_init=logical(self.kernel_init, ("embed", "heads", "kv")),
             dot_general=ops.dot_general(self.matmul_precision),
             name=name,
         )
@@ -360,7 +361,7 @@ class MultiHeadAttention(nn.Module):
             use_bias=False,
             dtype=self.dtype,
             param_dtype=self.param_dtype,
-            kernel_init=self.kernel_init,
+            kernel_init=logical(self.kernel_init, ("heads", "kv", "embed")),
             dot_general=ops.dot_general(self.matmul_precision),
             name="out",
         )

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer_jax import kernels as _kernels
+from transformer_jax.model.partitioning import logical
 
 Array = jax.Array
 
@@ -50,7 +51,7 @@ class Embed(nn.Module):
     def setup(self) -> None:
         self.embedding = self.param(
             "embedding",
-            nn.initializers.normal(stddev=self.d_model**-0.5),
+            logical(nn.initializers.normal(stddev=self.d_model**-0.5), ("vocab", "embed")),
             (self.vocab_size, self.d_model),
             self.param_dtype,
         )
@@ -89,7 +90,7 @@ class AddPositions(nn.Module):
         else:
             table = self.param(
                 "positions",
-                nn.initializers.normal(stddev=d_model**-0.5),
+                logical(nn.initializers.normal(stddev=d_model**-0.5), ("length", "embed")),
                 (self.max_len, d_model),
                 self.param_dtype,
             )

@@ -23,13 +23,21 @@ import jax.numpy as jnp
 from transformer_jax import kernels
 from transformer_jax.model.attention import MultiHeadAttention, ScoreFn, Where
 from transformer_jax.model.config import TransformerConfig
+from transformer_jax.model.partitioning import logical
 
 Array = jax.Array
 
 
 def layer_norm(config: TransformerConfig, name: str | None = None) -> nn.LayerNorm:
     """LayerNorm with float32 statistics whatever the compute dtype."""
-    return nn.LayerNorm(epsilon=1e-6, dtype=config.dtype, param_dtype=config.param_dtype, name=name)
+    return nn.LayerNorm(
+        epsilon=1e-6,
+        dtype=config.dtype,
+        param_dtype=config.param_dtype,
+        scale_init=logical(nn.initializers.ones, ("embed",)),
+        bias_init=logical(nn.initializers.zeros, ("embed",)),
+        name=name,
+    )
 
 
 def sow_hidden(module: nn.Module, name: str, x: Array) -> None:
@@ -70,18 +78,28 @@ class FeedForward(nn.Module):
     @nn.compact
     def __call__(self, x: Array) -> Array:
         cfg = self.config
-        w1, w2 = dense(cfg, cfg.d_ff, "w1"), dense(cfg, x.shape[-1], "w2")
+        w1 = dense(cfg, cfg.d_ff, "w1", axes=("embed", "mlp"))
+        w2 = dense(cfg, x.shape[-1], "w2", axes=("mlp", "embed"))
         return w2(self.activation(w1(x)))
 
 
-def dense(config: TransformerConfig, features: int, name: str, use_bias: bool = True) -> nn.Dense:
-    """A Dense layer with the model's dtypes, Xavier initialisation and matrix products."""
+def dense(
+    config: TransformerConfig,
+    features: int,
+    name: str,
+    use_bias: bool = True,
+    *,
+    axes: tuple[str, str],
+) -> nn.Dense:
+    """A Dense layer with the model's dtypes, Xavier initialisation and matrix products;
+    ``axes``: the logical names of its kernel's (input, output) axes."""
     return nn.Dense(
         features,
         use_bias=use_bias,
         dtype=config.dtype,
         param_dtype=config.param_dtype,
-        kernel_init=nn.initializers.xavier_uniform(),
+        kernel_init=logical(nn.initializers.xavier_uniform(), axes),
+        bias_init=logical(nn.initializers.zeros_init(), axes[1:]),
         dot_general=kernels.ops(config.kernel_set).dot_general(config.matmul_precision),
         name=name,
     )

@@ -40,6 +40,7 @@ from transformer_jax.model.layers import (
     layer_norm,
     sow_hidden,
 )
+from transformer_jax.model.partitioning import LAYERS, constrain, logical
 
 Array = jax.Array
 
@@ -244,8 +245,11 @@ class Decoder(nn.Module):
                 dtype=cfg.dtype,
                 param_dtype=cfg.param_dtype,
                 dot_general=kernels.ops(cfg.kernel_set).dot_general(cfg.matmul_precision),
+                kernel_init=logical(nn.initializers.lecun_normal(), ("embed", "vocab")),
+                bias_init=logical(nn.initializers.zeros_init(), ("vocab",)),
                 name="logits",
             )(x)
+        logits = constrain(logits, ("activation_batch", "activation_length", "activation_vocab"))
         return logits.astype(jnp.float32)
 
 
@@ -260,11 +264,14 @@ def layer_stack(
 
     Unrolled, layer i is the module ``layer_{i}``. With ``config.scan_layers`` they are one
     ``nn.scan`` named ``layers``: parameters (and KV caches, sown weights) are stacked on
-    a leading layer axis and XLA compiles the layer once instead of ``count`` times.
+    a leading layer axis (logical name ``layers``) and XLA compiles the layer once instead of
+    ``count`` times. Each layer's input and output are constrained to the activations'
+    logical sharding (:func:`~transformer_jax.model.partitioning.constrain`).
     """
+    x = constrain(x)
     if not config.scan_layers:
         for i in range(count):
-            x = make_layer(f"layer_{i}")(x, *args)
+            x = constrain(make_layer(f"layer_{i}")(x, *args))
         return x
     if count == 0:
         return x
@@ -274,12 +281,13 @@ def layer_stack(
         split_rngs={"params": True, "dropout": True},
         in_axes=nn.broadcast,
         length=count,
+        metadata_params={nn.PARTITION_NAME: LAYERS},
     )
     return scan(make_layer("layers"), x, *args)[0]
 
 
 def _apply_layer(layer: nn.Module, x: Array, *args: Any) -> tuple[Array, None]:
-    return layer(x, *args), None
+    return constrain(layer(x, *args)), None
 
 
 def encoder_mask(src: Array, pad_id: int, segments: Array | None = None) -> Array:

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from transformer_jax.model.attention import Where
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.layers import FeedForward, dense
+from transformer_jax.model.partitioning import logical
 
 Array = jax.Array
 
@@ -69,9 +70,11 @@ class GatedFeedForward(nn.Module):
     @nn.compact
     def __call__(self, x: Array) -> Array:
         cfg = self.config
-        gate = dense(cfg, cfg.d_ff, "gate", use_bias=False)(x)
-        value = dense(cfg, cfg.d_ff, "value", use_bias=False)(x)
-        return dense(cfg, x.shape[-1], "out", use_bias=False)(self.activation(gate) * value)
+        inner = ("embed", "mlp")
+        gate = dense(cfg, cfg.d_ff, "gate", use_bias=False, axes=inner)(x)
+        value = dense(cfg, cfg.d_ff, "value", use_bias=False, axes=inner)(x)
+        out = dense(cfg, x.shape[-1], "out", use_bias=False, axes=("mlp", "embed"))
+        return out(self.activation(gate) * value)
 
 
 gelu_feed_forward = functools.partial(FeedForward, activation=jax.nn.gelu)
@@ -80,4 +83,10 @@ gelu_feed_forward = functools.partial(FeedForward, activation=jax.nn.gelu)
 
 def rms_norm(config: TransformerConfig, name: str | None = None) -> nn.RMSNorm:
     """RMSNorm (no mean, no bias) with float32 statistics whatever the compute dtype."""
-    return nn.RMSNorm(epsilon=1e-6, dtype=config.dtype, param_dtype=config.param_dtype, name=name)
+    return nn.RMSNorm(
+        epsilon=1e-6,
+        dtype=config.dtype,
+        param_dtype=config.param_dtype,
+        scale_init=logical(nn.initializers.ones, ("embed",)),
+        name=name,
+    )

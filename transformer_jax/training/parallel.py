@@ -22,7 +22,7 @@ from jax.sharding import PartitionSpec as P
 from transformer_jax.training import steps
 from transformer_jax.training.steps import TrainState
 
-PARALLEL_KINDS = ("pmap", "shard_map")
+PARALLEL_KINDS = ("pmap", "shard_map", "mesh")  # 'mesh': training.mesh.MeshParallel
 AXIS = "batch"
 
 
@@ -66,6 +66,10 @@ class DataParallel:
         label_smoothing_convention: str = "t2t",
     ) -> None:
         check_kind(kind)
+        if kind == "mesh":
+            raise ValueError(
+                "train.parallel='mesh' is training.mesh.MeshParallel, not DataParallel"
+            )
         self.kind = kind
         self.pad_id = model.config.pad_id
         # pmap maps over the local devices; the shard_map mesh spans all processes' devices

@@ -18,6 +18,7 @@ from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.training import checkpoints
 from transformer_jax.training.distributed import from_process_zero
+from transformer_jax.training.mesh import MeshParallel, make_parallel
 from transformer_jax.training.optimizer import (
     transformer_optimizer,
     transformer_schedule,
@@ -133,7 +134,7 @@ class Run:
     workdir: str
     model_config: TransformerConfig
     tokenizer: data_lib.Tokenizer
-    dp: DataParallel
+    dp: DataParallel | MeshParallel
     state: TrainState
     data_state: dict[str, int] | None
     checkpointer: checkpoints.Checkpointer
@@ -171,11 +172,12 @@ def start_run(
         return b""
 
     from_process_zero(prepare)  # the others then map the files process 0 wrote
-    dp = DataParallel(
+    dp = make_parallel(
         config.train.parallel,
         Transformer(model_config),
         config.train.label_smoothing,
         label_smoothing_convention=config.train.label_smoothing_convention,
+        mesh_model=config.train.mesh_model,
     )
     state = init_state(model_config, config)
     checkpointer = checkpoints.Checkpointer(workdir, config.train.keep_checkpoints)

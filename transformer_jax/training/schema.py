@@ -103,7 +103,13 @@ class TrainConfig:
         resumable=True,
     )
     parallel: str = setting(
-        "pmap", "data parallelism over the devices", one_of(*PARALLEL_KINDS), resumable=True
+        "pmap",
+        "'pmap' or 'shard_map' (replicated parameters) or 'mesh' (sharded over data x model)",
+        one_of(*PARALLEL_KINDS),
+        resumable=True,
+    )
+    mesh_model: int = setting(
+        1, "parallel='mesh': the size of the mesh's model axis", integer(1), resumable=True
     )
     seed: int = setting(0, "the parameters' initialization and dropout", integer(0))
     log_every: int = setting(100, "steps between log lines", integer(1), resumable=True)

@@ -13,6 +13,7 @@ from transformer_jax.data.tokenizer import PAD_ID
 from transformer_jax.model.config import TransformerConfig, from_config_dict
 from transformer_jax.model.transformer import parameter_shapes
 from transformer_jax.options import CUDA_PLATFORMS
+from transformer_jax.training.mesh import mesh_shape
 from transformer_jax.training.schema import check_fields, resolve_auto
 
 
@@ -27,6 +28,8 @@ def validate_config(config: ml_collections.ConfigDict) -> TransformerConfig:
             f"train.cooldown_steps={train.cooldown_steps} must be at most "
             f"train.num_steps={train.num_steps}"
         )
+    if train.parallel == "mesh":
+        mesh_shape(jax.device_count(), train.mesh_model)
     if data.source == "text" and not data.text_dir:
         raise ValueError("data.text_dir must be set for data.source='text'")
     if data.source == "text" and not os.path.isdir(data.text_dir):

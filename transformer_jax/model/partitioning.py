@@ -1,0 +1,67 @@
+"""Logical axis names of the parameters and activations, for sharding over a device mesh.
+
+Every parameter's initializer is wrapped by :func:`logical` with the names of its axes:
+
+* ``vocab``: the embedding rows and the logits; ``embed``: d_model; ``mlp``: d_ff;
+* ``heads`` and ``kv``: the attention projections' heads and per-head width (d_k, d_v);
+* ``length``: the learned position table's rows; ``layers``: the leading axis of a stack's
+  parameters under ``scan_layers``.
+
+The names ride on the parameters (as :class:`flax.linen.LogicallyPartitioned` boxes) only
+inside :func:`logical_specs`; everywhere else ``init`` returns plain arrays, the same values.
+Activations are constrained with :func:`constrain` (``activation_*`` names), a no-op unless
+a mesh and ``nn.logical_axis_rules`` are active. ``training.mesh`` maps the names onto mesh
+axes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import flax.linen as nn
+import jax
+
+Array = jax.Array
+Initializer = Callable[..., Array]
+
+LAYERS = "layers"  # the scanned layer axis (nn.scan's metadata_params)
+ACTIVATIONS = ("activation_batch", "activation_length", "activation_embed")
+
+_BOXED = contextvars.ContextVar("transformer_jax_boxed_parameters", default=False)
+
+
+def logical(init: Initializer, names: Sequence[str | None]) -> Initializer:
+    """``init`` whose value carries the logical axis ``names`` inside :func:`logical_specs`
+    (``nn.with_logical_partitioning``) and is the plain array elsewhere."""
+    boxed = nn.with_logical_partitioning(init, tuple(names))
+
+    def initializer(*args: Any, **kwargs: Any) -> Any:
+        return boxed(*args, **kwargs) if _BOXED.get() else init(*args, **kwargs)
+
+    return initializer
+
+
+@contextlib.contextmanager
+def _boxed() -> Iterator[None]:
+    token = _BOXED.set(True)
+    try:
+        yield
+    finally:
+        _BOXED.reset(token)
+
+
+def logical_specs(init: Callable[[], Any]) -> Any:
+    """The logical ``PartitionSpec`` of each parameter ``init()`` makes, e.g.
+    ``logical_specs(lambda: model.init(key, src, tgt)['params'])``; only shapes are computed."""
+    with _boxed():
+        shapes = jax.eval_shape(init)
+    return nn.get_partition_spec(shapes)
+
+
+def constrain(x: Array, names: Sequence[str | None] = ACTIVATIONS) -> Array:
+    """``x`` sharded as its logical axis ``names`` say under the active rules and mesh
+    (``nn.with_logical_constraint``; a no-op without a mesh)."""
+    return nn.with_logical_constraint(x, tuple(names))
