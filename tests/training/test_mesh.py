@@ -157,7 +157,7 @@ def test_mesh_model_must_divide_the_devices():
     with pytest.raises(ValueError, match="train.mesh_model=.* must divide"):
         validate_config(config)
     config.train.mesh_model = 0
-    with pytest.raises(ValueError, match="train.mesh_model must be an integer >= 1"):
+    with pytest.raises(ValueError, match="train.mesh_model must be a positive integer, got 0"):
         validate_config(config)
 
 

@@ -64,7 +64,7 @@ def test_transformer_config_stays_a_frozen_hashable_dataclass_with_metadata():
             "train",
             "parallel",
             "mpi",
-            "train.parallel must be one of ('pmap', 'shard_map'), got 'mpi'",
+            "train.parallel must be one of ('pmap', 'shard_map', 'mesh'), got 'mpi'",
         ),
         ("train", "num_steps", 0, "train.num_steps must be a positive integer, got 0"),
         ("train", "prefetch", 1.5, "train.prefetch must be an integer >= 0, got 1.5"),
