@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from conftest import ROOT as REPO_ROOT
 
-from transformer_jax.cli.common import load
 from transformer_jax.cli.translate import main as translate_main
 from transformer_jax.data import pipeline
+from transformer_jax.inference.runs import load
 from transformer_jax.kernels import vectors
 from transformer_jax.training import checkpoints, loop
 from transformer_jax.training.logs import read_metrics
@@ -267,7 +267,7 @@ def train_and_evaluate_then_sigterm(*args):  # a late second SIGTERM, while the 
 loop._Trainer.update = update_then_sigterm
 loop._train_and_evaluate = train_and_evaluate_then_sigterm
 sys.argv = ["train.py", "--config={config}", "--workdir={workdir}"]
-cli.main()
+sys.exit(cli.main())
 """
 
 
@@ -332,7 +332,7 @@ def dev_after_a_sigterm(self, params):
 
 loop.Evaluator.dev = dev_after_a_sigterm
 sys.argv = ["train.py", "--config={config}", "--workdir={workdir}", "--config.train.eval_every=0"]
-cli.main()
+sys.exit(cli.main())
 """
 
 
