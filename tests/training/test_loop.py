@@ -17,7 +17,7 @@ import pytest
 from conftest import ROOT as REPO_ROOT
 
 from transformer_jax.cli.translate import main as translate_main
-from transformer_jax.data import pipeline
+from transformer_jax.data import pipeline, sources
 from transformer_jax.inference.runs import load
 from transformer_jax.kernels import vectors
 from transformer_jax.training import checkpoints, loop
@@ -471,8 +471,10 @@ def test_a_sigterm_during_start_up_exits_75(tmp_path, when):
     assert "Traceback" not in out and "terminate called" not in out
 
 
-def test_tfds_source_end_to_end_with_mock_data(tmp_path):
+def test_tfds_source_end_to_end_with_mock_data(tmp_path, monkeypatch):
     tfds = pytest.importorskip("tensorflow_datasets")
+    # mock_data stands in for the download: no probe of the network for an unprepared dataset
+    monkeypatch.setattr(sources, "_unreachable", lambda url, timeout: None)
     config, _ = micro_config(tmp_path, steps=2, every=2)
     config.data.update(
         source="tfds",
