@@ -17,15 +17,13 @@ command line.
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Sequence
 
 from absl import flags
 
-from transformer_jax import data as data_lib
 from transformer_jax.cli.flags import Failure, config_and_workdir, define_config_flag, run
-from transformer_jax.training.validation import validate_config
+from transformer_jax.training.preparation import prepare_run_data
 
 
 def define_flags(values: flags.FlagValues, argv: list[str]) -> None:
@@ -35,24 +33,12 @@ def define_flags(values: flags.FlagValues, argv: list[str]) -> None:
     flags.DEFINE_string("data_dir", None, "Where to prepare the splits (data.data_dir).", **define)
 
 
-def prepare(config, workdir: str) -> list[str]:
-    """The tokenizer and every split the run of ``config`` reads; their directories."""
-    model_config = validate_config(config)
-    os.makedirs(workdir, exist_ok=True)
-    tokenizer = data_lib.get_tokenizer(
-        config.data, workdir, config.model.vocab_size, model_config.tgt_vocab
-    )
-    splits = data_lib.run_splits(config.data, config.train.final_test)
-    data_lib.prepare_data(config.data, workdir, tokenizer, splits)
-    return [data_lib.prepared_path(config.data, s, tokenizer, workdir) for s in splits]
-
-
 def _prepare(values: flags.FlagValues, positional: list[str]) -> None:
     config, workdir = config_and_workdir(values, positional)
     if values.data_dir is not None:
         config.data.data_dir = values.data_dir
     try:
-        paths = prepare(config, workdir)
+        paths = prepare_run_data(config, workdir)
     except KeyboardInterrupt:
         raise Failure("interrupted: rerun to resume from the chunks already encoded") from None
     print("prepared:", *paths, sep="\n  ", file=sys.stdout)
