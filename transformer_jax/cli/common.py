@@ -1,4 +1,5 @@
-"""What the translate and evaluate commands share: the decoding flags, reading lines."""
+"""What the translate and evaluate commands share: the decoding flags, reading lines,
+translating them."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from absl import flags
 
 from transformer_jax.data.sources import read_lines as read_lines_of
 from transformer_jax.data.sources import split_lines
+from transformer_jax.inference.runs import load_models
+from transformer_jax.inference.translation import translate_lines
 
 
 def define_decode_flags(values: flags.FlagValues) -> None:
@@ -60,9 +63,14 @@ def decode_options(values: flags.FlagValues, run: Any) -> dict[str, Any]:
     }
 
 
-def log_warnings() -> None:
-    """The library's warnings (Python logging) as ``WARNING: message`` lines on stderr."""
+def translate(values: flags.FlagValues, lines: list[str]) -> tuple[Any, dict[str, Any], list[str]]:
+    """``lines`` translated with the runs and decoding flags of ``values``: ``(the first
+    run's config, the decoding options used, the translations)``. The library's warnings
+    are ``WARNING: message`` lines on stderr."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
+    run_config, config, params, tokenizer = load_models(values.workdir, values.checkpoint)
+    options = decode_options(values, run_config)
+    return run_config, options, translate_lines(config, params, tokenizer, lines, **options)
 
 
 def read_lines(path: str | None) -> list[str]:

@@ -29,16 +29,9 @@ from collections.abc import Sequence
 
 from absl import flags
 
-from transformer_jax.cli.common import (
-    decode_options,
-    define_decode_flags,
-    log_warnings,
-    read_lines,
-)
+from transformer_jax.cli.common import define_decode_flags, read_lines, translate
 from transformer_jax.cli.flags import no_arguments, run
 from transformer_jax.inference.bleu import bleu, check_pairs, tokenized_bleu
-from transformer_jax.inference.runs import load_models
-from transformer_jax.inference.translation import translate_lines
 
 
 def define_flags(values: flags.FlagValues, argv: list[str]) -> None:
@@ -65,15 +58,12 @@ def report(hypotheses: Sequence[str], references: Sequence[str], lang: str) -> s
 
 def _evaluate(values: flags.FlagValues, positional: list[str]) -> None:
     no_arguments(positional)
-    log_warnings()
     out = values.out or f"{values.src}.hyp"
     sources, references = read_lines(values.src), read_lines(values.ref)
     check_pairs(sources, references)
     if not sources:
         raise ValueError(f"{values.src} is empty: there is nothing to evaluate")
-    run_config, config, params, tokenizer = load_models(values.workdir, values.checkpoint)
-    options = decode_options(values, run_config)
-    hypotheses = translate_lines(config, params, tokenizer, sources, **options)
+    run_config, options, hypotheses = translate(values, sources)
     lang = run_config.get("data", {}).get("tgt_lang", "de")
     scores = report(hypotheses, references, lang)
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)

@@ -22,6 +22,7 @@ Exit codes, the same in every command (README, Exit codes):
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 
@@ -103,6 +104,8 @@ def _parse(values: flags.FlagValues, argv: list[str]) -> list[str]:
         text = str(e).strip()
         if "Traceback" in text:  # the config file's get_config raised: its last line says
             raise Failure(f"bad --config: {text.splitlines()[-1]}") from None
+        if required := re.search(r"Flag (--\w+) must have a value other than None", text):
+            text = f"{required[1]} is required"
         raise usage_error(text) from None
     except (KeyError, AttributeError, TypeError, ValueError) as e:
         raise config_error(e) from None

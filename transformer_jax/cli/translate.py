@@ -18,15 +18,8 @@ from collections.abc import Sequence
 
 from absl import flags
 
-from transformer_jax.cli.common import (
-    decode_options,
-    define_decode_flags,
-    log_warnings,
-    read_lines,
-)
+from transformer_jax.cli.common import define_decode_flags, read_lines, translate
 from transformer_jax.cli.flags import no_arguments, run
-from transformer_jax.inference.runs import load_models
-from transformer_jax.inference.translation import translate_lines
 
 
 def define_flags(values: flags.FlagValues, argv: list[str]) -> None:
@@ -38,11 +31,7 @@ def define_flags(values: flags.FlagValues, argv: list[str]) -> None:
 
 def _translate(values: flags.FlagValues, positional: list[str]) -> None:
     no_arguments(positional)
-    log_warnings()
-    lines = read_lines(values.input)
-    run_config, config, params, tokenizer = load_models(values.workdir, values.checkpoint)
-    options = decode_options(values, run_config)
-    translations = translate_lines(config, params, tokenizer, lines, **options)
+    _, _, translations = translate(values, read_lines(values.input))
     sys.stdout.buffer.write("".join(t + "\n" for t in translations).encode("utf-8"))
     sys.stdout.flush()
 
