@@ -16,7 +16,7 @@ from typing import Any
 
 from _common import ROOT
 
-from transformer_jax.cli.train import EXIT_PREEMPTED
+from transformer_jax.cli.flags import EXIT_PREEMPTED
 
 
 def parse_marks(text: str) -> list[float]:

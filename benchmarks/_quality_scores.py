@@ -10,10 +10,10 @@ from typing import Any
 
 from _common import table
 
-from transformer_jax.cli.common import shared_tokenizer
 from transformer_jax.data import load_pairs
 from transformer_jax.data.pipeline import eval_split_batches
 from transformer_jax.inference.bleu import bleu
+from transformer_jax.inference.runs import shared_tokenizer
 from transformer_jax.inference.translation import translate_lines
 from transformer_jax.model.config import from_config_dict
 from transformer_jax.model.transformer import Transformer

@@ -73,7 +73,7 @@ from _quality_scores import (
     run_summary,
 )
 
-from transformer_jax.cli.average import average_checkpoints
+from transformer_jax.training.averaging import average_checkpoints
 from transformer_jax.training.checkpoints import SNAPSHOT_DIR, list_steps
 from transformer_jax.training.logs import RUN_INFO_FILE
 

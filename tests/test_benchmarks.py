@@ -196,7 +196,7 @@ def test_quality_dev_metrics_equal_the_training_loops_final_evaluation(tmp_path)
     """What quality.py reports for a checkpoint on the dev split is what train.py measured."""
     scores = _script("_quality_scores")  # _common puts the repository root on sys.path
     from configs.tiny import get_config
-    from transformer_jax.cli.common import load
+    from transformer_jax.inference.runs import load
     from transformer_jax.training.loop import train_and_evaluate
 
     config = get_config()

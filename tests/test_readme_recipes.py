@@ -1,29 +1,52 @@
-"""The README's shell recipes write only into folders a clone ignores (``.gitignore``) or
-outside the clone: a user who runs them keeps a clean working tree."""
+"""The README's shell recipes write only into paths a clone ignores (``.gitignore``, asked
+of git) or outside the clone: a user who runs them leaves no untracked file in it."""
 
 import re
+import shutil
+import subprocess
 
+import pytest
 from conftest import ROOT
 
-# What a recipe writes: a file opened for writing, a run's or a download's folder, evaluate's
-# hypotheses (next to --src), a shell redirection.
+# What a recipe writes: a file opened for writing, a run's or a download's folder, a plan's
+# or evaluate's output file, evaluate's default hypotheses and scores ({src}.hyp and
+# {src}.hyp.bleu, so --src), a shell redirection.
 WRITES = re.compile(
-    r"open\('([^']+)', *'w'\)|--(?:workdir|dest|out|src)[ =](\S+)|(?:^|\s)>\s*(\S+)"
+    r"open\('([^']+)', *'w'\)|--(?:workdir|dest|out|json|src)[ =](\S+)|(?:^|\s)>\s*(\S+)"
 )
 
 
 def written_paths(markdown: str) -> list[str]:
     blocks = re.findall(r"```bash\n(.*?)```", markdown, re.S)
-    return [next(g for g in m.groups() if g) for b in blocks for m in WRITES.finditer(b)]
+    found = [(m[0], next(g for g in m.groups() if g)) for b in blocks for m in WRITES.finditer(b)]
+    hypotheses = [
+        f"{path}.hyp{end}" for text, path in found if "--src" in text for end in ("", ".bleu")
+    ]
+    return [path for _, path in found] + hypotheses
 
 
-def test_readme_recipes_write_into_ignored_folders_or_outside_the_clone():
-    ignored = {line.strip("/") for line in (ROOT / ".gitignore").read_text().split()}
+def not_ignored(paths: list[str]) -> list[str]:
+    """The paths (relative to the clone) that git would list as untracked files."""
+    ignored = subprocess.run(
+        ["git", "check-ignore", "--no-index", "--stdin"],
+        input="\n".join(paths),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert ignored.returncode in (0, 1), ignored.stderr  # 1: none ignored
+    return sorted(set(paths) - set(ignored.stdout.splitlines()))
+
+
+@pytest.mark.skipif(
+    shutil.which("git") is None or not (ROOT / ".git").exists(), reason="not a git clone"
+)
+def test_readme_recipes_write_into_ignored_paths_or_outside_the_clone():
     written = written_paths((ROOT / "README.md").read_text())
-    assert "runs/tiny" in written  # the recipes were read
-    inside = [path for path in written if not path.startswith("/")]
-    tracked = [path for path in inside if path.split("/")[0] not in ignored]
-    assert not tracked, tracked
+    assert "runs/tiny" in written and "runs/tiny/test.en.hyp" in written  # recipes were read
+    inside = [path for path in written if not path.startswith(("/", "~", "$"))]
+    assert not not_ignored(inside), not_ignored(inside)
+    assert not_ignored(["test.en.hyp", "runs/tiny/test.en"]) == ["test.en.hyp"]  # git asked
 
 
 def test_written_paths_finds_each_kind_of_write():
@@ -34,4 +57,12 @@ def test_written_paths_finds_each_kind_of_write():
         "python -m transformer_jax.download multi30k --dest=data/m > log.txt  # en->de\n"
         "```\n"
     )
-    assert written_paths(recipe) == ["test.en", "runs/x", "a.en", "data/m", "log.txt"]
+    assert written_paths(recipe) == [
+        "test.en",
+        "runs/x",
+        "a.en",
+        "data/m",
+        "log.txt",
+        "a.en.hyp",
+        "a.en.hyp.bleu",
+    ]

@@ -110,7 +110,7 @@ def plan_command(*args):
         (["--gpu", "v100"], 2, "--gpu"),
         (["--config.model.d_modle=8"], 2, "unknown config field"),
         (["--config.data.max_len=0"], 1, "data.max_len"),
-        (["--json", "/no/such/folder/plan.json"], 2, "--json: folder '/no/such/folder'"),
+        (["--json", "/no/such/folder/plan.json"], 1, "--json: folder '/no/such/folder'"),
     ],
 )
 def test_plan_mistakes_are_one_line(args, code, message):

@@ -15,7 +15,6 @@ import pytest
 from conftest import ROOT, flip_a_bit
 
 from transformer_jax import Transformer
-from transformer_jax.cli.average import average_params
 from transformer_jax.cli.average import main as average_main
 from transformer_jax.cli.evaluate import main as evaluate_main
 from transformer_jax.cli.translate import main as translate_main
@@ -23,6 +22,7 @@ from transformer_jax.data.tokenizer import load_tokenizer, train_tokenizer
 from transformer_jax.inference.bleu import bleu, tokenized_bleu
 from transformer_jax.inference.translation import translate_lines
 from transformer_jax.model.config import from_config_dict
+from transformer_jax.training.averaging import average_params
 from transformer_jax.training.checkpoints import CHECKPOINT_DIR, load_run, save_params
 from transformer_jax.training.schema import default_config
 
@@ -120,7 +120,7 @@ def test_repeated_workdirs_translate_as_an_ensemble(workdir, tmp_path, capsys):
     other = tmp_path / "other_tokenizer"
     shutil.copytree(workdir, other)
     train_tokenizer(SENTENCES[::-1] + ["Another line."], str(other / "tokenizer.model"), 300)
-    assert translate_main(["--workdir", workdir, "--workdir", str(other), "--input", source]) == 2
+    assert translate_main(["--workdir", workdir, "--workdir", str(other), "--input", source]) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "must share one tokenizer" in err
 
@@ -217,7 +217,7 @@ def test_a_damaged_average_is_refused_and_other_shapes_named(workdir, tmp_path, 
     saved = (run / "config.json").read_text()
     assert '"d_ff": 32' in saved
     (run / "config.json").write_text(saved.replace('"d_ff": 32', '"d_ff": 64'))
-    assert translate_main(["--workdir", str(run), "--input", src]) == 2
+    assert translate_main(["--workdir", str(run), "--input", src]) == 1
     err = capsys.readouterr().err
     assert "holds other params arrays than config.json describes" in err and "shape" in err
 
@@ -276,7 +276,7 @@ def test_errors_are_clear(workdir, broken, tmp_path, capsys, command, case, mess
         "average": ["--workdir", run, "--last", "9" if case == "last" else "1"],
     }[command]
     main = {"translate": translate_main, "evaluate": evaluate_main, "average": average_main}
-    assert main[command](argv) != 0
+    assert main[command](argv) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err and "Traceback" not in err
 
@@ -290,5 +290,5 @@ def test_command_line_error_exits_nonzero_without_traceback(tmp_path):
         cwd=str(ROOT),
         timeout=120,
     )
-    assert result.returncode == 2 and result.stdout == ""
+    assert result.returncode == 1 and result.stdout == ""
     assert "error: workdir" in result.stderr and "Traceback" not in result.stderr

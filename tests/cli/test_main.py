@@ -23,16 +23,9 @@ def test_usage_lists_every_command_and_a_wrong_one_exits_2(capsys):
 def test_a_command_gets_the_rest_of_the_command_line_and_its_status_is_returned(
     tmp_path, capsys, monkeypatch
 ):
-    monkeypatch.setattr(sys, "argv", ["transformer-jax"])
-    assert main(["average", "--workdir", str(tmp_path / "none"), "--last", "2"]) == 2
+    monkeypatch.setattr(sys, "argv", ["transformer-jax", "--last", "x"])  # not read
+    assert main(["average", "--workdir", str(tmp_path / "none"), "--last", "2"]) == 1
     assert "error: workdir" in capsys.readouterr().err
-    assert sys.argv == [
-        "transformer-jax average",
-        "--workdir",
-        str(tmp_path / "none"),
-        "--last",
-        "2",
-    ]
 
 
 @pytest.mark.parametrize("name", sorted(set(COMMANDS) - {"train"}))

@@ -26,7 +26,7 @@ def raw_copy(folder, lines=MULTI30K_SPLITS):
 
 def test_download_lays_out_the_splits_the_text_source_reads(tmp_path, capsys):
     url, dest = raw_copy(tmp_path / "raw"), tmp_path / "data" / "multi30k"
-    assert main(["multi30k", "--dest", str(dest), "--base-url", url]) == 0
+    assert main(["multi30k", "--dest", str(dest), "--base_url", url]) == 0
     assert sorted(p.name for p in dest.iterdir()) == sorted(
         f"{split}.{lang}" for split in MULTI30K_SPLITS for lang in MULTI30K_LANGS
     )
@@ -37,7 +37,7 @@ def test_download_lays_out_the_splits_the_text_source_reads(tmp_path, capsys):
         assert len(pairs) == count
         assert pairs[-1] == (f"{split} {count - 1} en", f"{split} {count - 1} de")
     assert "wrote 9 files, kept 0" in capsys.readouterr().out
-    assert main(["multi30k", "--dest", str(dest), "--base-url", url]) == 0  # nothing to fetch
+    assert main(["multi30k", "--dest", str(dest), "--base_url", url]) == 0  # nothing to fetch
     assert "wrote 0 files, kept 9" in capsys.readouterr().out
 
 
@@ -50,7 +50,7 @@ def test_a_missing_or_short_file_fails_in_one_line_and_leaves_no_partial_file(tm
     assert not list(dest.glob("*.partial"))
     (tmp_path / "raw" / "val.de.gz").unlink()
     command = [sys.executable, "-m", "transformer_jax.download", "multi30k", "--dest", str(dest)]
-    cli = subprocess.run([*command, "--base-url", url], capture_output=True, text=True)
+    cli = subprocess.run([*command, "--base_url", url], capture_output=True, text=True)
     assert cli.returncode == 1
     assert cli.stderr.startswith(f"error: could not download {url}/val.de.gz")
     assert cli.stderr.count("\n") == 1 and "Traceback" not in cli.stderr
@@ -58,8 +58,7 @@ def test_a_missing_or_short_file_fails_in_one_line_and_leaves_no_partial_file(tm
 
 def test_only_the_languages_asked_for(tmp_path, capsys):
     url, dest = raw_copy(tmp_path / "raw"), tmp_path / "multi30k"
-    assert main(["multi30k", "--dest", str(dest), "--base-url", url, "--langs", "en,fr"]) == 0
+    assert main(["multi30k", "--dest", str(dest), "--base_url", url, "--langs", "en,fr"]) == 0
     assert {p.suffix for p in dest.iterdir()} == {".en", ".fr"}
-    with pytest.raises(SystemExit) as exit_info:
-        main(["multi30k", "--dest", str(dest), "--base-url", url, "--langs", "en,cs"])
-    assert exit_info.value.code == 2 and "--langs" in capsys.readouterr().err
+    assert main(["multi30k", "--dest", str(dest), "--base_url", url, "--langs", "en,cs"]) == 2
+    assert "--langs" in capsys.readouterr().err

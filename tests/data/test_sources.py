@@ -2,10 +2,12 @@
 
 import gzip
 import logging
+import time
 
 import pytest
 import tensorflow_datasets as tfds
 
+from transformer_jax.data import sources
 from transformer_jax.data.sources import (
     ReadCounts,
     load_pairs,
@@ -86,7 +88,9 @@ def test_synthetic_source():
     assert len(pairs) == 1000 and all(s and t for s, t in pairs)
 
 
-def test_tfds_by_language_key_without_tensorflow():
+def test_tfds_by_language_key_without_tensorflow(monkeypatch):
+    # mock_data stands in for the download: no probe of the network for an unprepared dataset
+    monkeypatch.setattr(sources, "_unreachable", lambda url, timeout: None)
     config = data_config(source="tfds", tfds_name="wmt14_translate/de-en")
     with tfds.testing.mock_data(num_examples=6):
         en_de = load_pairs(config, "train")
@@ -102,10 +106,34 @@ def test_tfds_unknown_dataset():
         read_tfds("no_such_dataset", "train", "en", "de")
 
 
-def test_tfds_not_prepared_and_offline_is_a_clear_error(monkeypatch):
-    def offline(*args, **kwargs):
-        raise ConnectionError("Failed to resolve 'www.statmt.org'")
+def test_tfds_not_prepared_and_offline_fails_at_once_with_one_line(tmp_path, monkeypatch):
+    """No retries: an unprepared dataset with the network down (here: a proxy that refuses)
+    is refused in seconds, naming the dataset, the folder TFDS looked in and a command to
+    prepare it; nothing is written and TFDS's download is never started."""
+    for proxy in ("https_proxy", "HTTPS_PROXY"):
+        monkeypatch.setenv(proxy, "http://127.0.0.1:9")
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.setattr(tfds, "data_source", lambda *a, **k: pytest.fail("TFDS downloads"))
+    started = time.monotonic()
+    with pytest.raises(ValueError) as error:
+        read_tfds("wmt14_translate/de-en", "train", "en", "de", str(tmp_path))
+    assert time.monotonic() - started < 10
+    (line,) = str(error.value).splitlines()
+    folder = tmp_path / "wmt14_translate" / "de-en"
+    assert f"data.tfds_name='wmt14_translate/de-en' is not prepared in {folder}" in line
+    assert "network is unreachable" in line and "transformer-jax prepare --config" in line
+    assert list(tmp_path.iterdir()) == []
 
+
+def test_tfds_not_prepared_and_a_failed_download_is_one_line(tmp_path, monkeypatch):
+    def offline(*args, **kwargs):
+        raise ConnectionError("Failed to resolve 'www.statmt.org'\nretries exceeded")
+
+    monkeypatch.setattr(sources, "_unreachable", lambda url, timeout: None)
     monkeypatch.setattr(tfds, "data_source", offline)
-    with pytest.raises(ValueError, match=r"not prepared in data.tfds_data_dir.*tfds build"):
-        read_tfds("wmt14_translate/de-en", "validation", "en", "de", "/nonexistent")
+    with pytest.raises(ValueError) as error:
+        read_tfds("wmt14_translate/de-en", "validation", "en", "de", str(tmp_path))
+    (line,) = str(error.value).splitlines()
+    assert f"is not prepared in {tmp_path}" in line and "(data.tfds_data_dir=" in line
+    assert "download failed (Failed to resolve 'www.statmt.org')" in line

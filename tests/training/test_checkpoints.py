@@ -1,6 +1,7 @@
 """training.checkpoints: the last ``keep`` checkpoints are kept, older ones pruned; a failed
 restore is set aside without the noise of the reads it abandons."""
 
+import logging
 import sys
 
 import jax
@@ -63,8 +64,12 @@ def test_a_read_failing_while_restore_raises_is_dropped_and_others_pass(tmp_path
         raise OSError("truncated array")
 
     monkeypatch.setattr(checkpointer.manager, "restore", restore)
+    hook, filters = sys.unraisablehook, list(logging.getLogger("asyncio").filters)
     assert checkpointer.restore_state(state) is None
     assert seen == ["some other error"]
+    assert sys.unraisablehook is hook and logging.getLogger("asyncio").filters == filters
+    _Raises(RuntimeError("Event loop is closed"))  # outside a restore: passed on
+    assert seen == ["some other error", "Event loop is closed"]
     assert (tmp_path / "checkpoints" / "4.unreadable").is_dir()
     checkpointer.close()
 

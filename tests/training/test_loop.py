@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from conftest import ROOT as REPO_ROOT
 
-from transformer_jax.cli.common import load
 from transformer_jax.cli.translate import main as translate_main
-from transformer_jax.data import pipeline
+from transformer_jax.data import pipeline, sources
+from transformer_jax.inference.runs import load
 from transformer_jax.kernels import vectors
 from transformer_jax.training import checkpoints, loop
 from transformer_jax.training.logs import read_metrics
@@ -267,7 +267,7 @@ def train_and_evaluate_then_sigterm(*args):  # a late second SIGTERM, while the 
 loop._Trainer.update = update_then_sigterm
 loop._train_and_evaluate = train_and_evaluate_then_sigterm
 sys.argv = ["train.py", "--config={config}", "--workdir={workdir}"]
-cli.main()
+sys.exit(cli.main())
 """
 
 
@@ -332,7 +332,7 @@ def dev_after_a_sigterm(self, params):
 
 loop.Evaluator.dev = dev_after_a_sigterm
 sys.argv = ["train.py", "--config={config}", "--workdir={workdir}", "--config.train.eval_every=0"]
-cli.main()
+sys.exit(cli.main())
 """
 
 
@@ -471,8 +471,10 @@ def test_a_sigterm_during_start_up_exits_75(tmp_path, when):
     assert "Traceback" not in out and "terminate called" not in out
 
 
-def test_tfds_source_end_to_end_with_mock_data(tmp_path):
+def test_tfds_source_end_to_end_with_mock_data(tmp_path, monkeypatch):
     tfds = pytest.importorskip("tensorflow_datasets")
+    # mock_data stands in for the download: no probe of the network for an unprepared dataset
+    monkeypatch.setattr(sources, "_unreachable", lambda url, timeout: None)
     config, _ = micro_config(tmp_path, steps=2, every=2)
     config.data.update(
         source="tfds",

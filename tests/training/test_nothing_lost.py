@@ -24,11 +24,11 @@ from test_loop import (  # noqa: F401 - fixtures
     workdir_from,
 )
 
-from transformer_jax.cli.average import average_checkpoints
 from transformer_jax.data import pipeline, sources
 from transformer_jax.data.synthetic import synthetic_pairs
 from transformer_jax.data.tokenizer import load_tokenizer
 from transformer_jax.training import checkpoints, loop, run
+from transformer_jax.training.averaging import average_checkpoints
 from transformer_jax.training.logs import read_metrics
 from transformer_jax.training.run import CONFIG_HISTORY_FILE
 from transformer_jax.training.validation import validate_config
@@ -261,10 +261,10 @@ def test_train_py_mistakes_are_one_line_with_a_failure_code(tmp_path):
     workdir = f"--workdir={tmp_path / 'run'}"
     (tmp_path / "file").write_text("x")
     cases = [
-        (["--config=/no/such/config.py", workdir], 2, "does not exist"),
+        (["--config=/no/such/config.py", workdir], 1, "does not exist"),
         ([f"--config={config_path}", "--config.trian.num_steps=3", workdir], 2, "trian"),
         ([f"--config={config_path}", f"--workdir={tmp_path / 'file'}"], 1, "is a file"),
-        ([f"--config={ROOT}/configs/multi30k.py:45", workdir], 2, "BUDGET takes one of"),
+        ([f"--config={ROOT}/configs/multi30k.py:45", workdir], 1, "BUDGET takes one of"),
     ]
     for args, code, message in cases:
         proc = train_py(*args)

@@ -1,7 +1,7 @@
 """Checkpoint averaging (paper §6.1: "averaging the last 5 checkpoints, which were written
 at 10-minute intervals" for the base model, the last 20 for the big one).
 
-    python -m transformer_jax.average --workdir DIR --last N
+    transformer-jax average --workdir DIR --last N
 
 writes the element-wise mean of the parameters of the last N checkpoints to
 ``{workdir}/averaged`` (tagged with the newest step), which ``translate`` and
@@ -10,71 +10,36 @@ writes the element-wise mean of the parameters of the last N checkpoints to
 
 from __future__ import annotations
 
-import argparse
-import os
-import shutil
 import sys
 from collections.abc import Sequence
-from typing import Any
 
-import jax
-import numpy as np
+from absl import flags
 
-from transformer_jax.training.checkpoints import AVERAGED_DIR, list_steps, load_run, save_params
-from transformer_jax.training.workdir import lock_workdir
+from transformer_jax.cli.flags import no_arguments, run
+from transformer_jax.training.averaging import average_checkpoints
 
 
-def average_params(trees: Sequence[Any]) -> Any:
-    """Element-wise mean of parameter pytrees (accumulated in float64, original dtypes)."""
-    if not trees:
-        raise ValueError("need at least one set of parameters to average")
-    total = jax.tree.map(lambda x: np.asarray(x, np.float64), trees[0])
-    for tree in trees[1:]:
-        total = jax.tree.map(lambda t, x: t + np.asarray(x, np.float64), total, tree)
-    return jax.tree.map(lambda t, x: (t / len(trees)).astype(np.asarray(x).dtype), total, trees[0])
+def define_flags(values: flags.FlagValues, argv: list[str]) -> None:
+    flags.DEFINE_string("workdir", None, "Training run directory.", flag_values=values)
+    flags.mark_flag_as_required("workdir", flag_values=values)
+    flags.DEFINE_integer(
+        "last",
+        5,
+        "Checkpoints to average (paper: 5 base, 20 big).",
+        lower_bound=1,
+        flag_values=values,
+    )
 
 
-def average_checkpoints(workdir: str, last: int) -> tuple[list[int], str]:
-    """Average the last ``last`` checkpoints of ``workdir`` into ``{workdir}/averaged``.
-
-    Returns the averaged steps and the output directory.
-    """
-    if not isinstance(last, int) or last < 1:
-        raise ValueError(f"--last must be a positive integer, got {last!r}")
-    if not os.path.isdir(workdir):
-        raise ValueError(f"workdir {workdir!r} does not exist")
-    steps = list_steps(workdir)
-    if len(steps) < last:
-        raise ValueError(
-            f"--last {last} needs {last} checkpoints, {workdir!r} has {len(steps)}: {steps}"
-        )
-    steps = steps[-last:]
-    directory = os.path.join(workdir, AVERAGED_DIR)
-    with lock_workdir(workdir):  # not while train.py writes this workdir
-        params = average_params([load_run(workdir, step)[1] for step in steps])
-        shutil.rmtree(directory, ignore_errors=True)  # replace an earlier average
-        save_params(directory, params, steps[-1])
-    return steps, directory
+def _average(values: flags.FlagValues, positional: list[str]) -> None:
+    no_arguments(positional)
+    steps, directory = average_checkpoints(values.workdir, values.last)
+    print(f"averaged the parameters of steps {steps} into {directory}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m transformer_jax.average",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--workdir", required=True, help="training run directory")
-    parser.add_argument(
-        "--last", type=int, default=5, help="checkpoints to average (paper: 5 base, 20 big)"
-    )
-    args = parser.parse_args(argv)
-    try:
-        steps, directory = average_checkpoints(args.workdir, args.last)
-    except (ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(f"averaged the parameters of steps {steps} into {directory}")
-    return 0
+    """``transformer-jax average``: average with the command line ``argv``; the exit code."""
+    return run(__doc__, define_flags, _average, argv, "transformer-jax average")
 
 
 if __name__ == "__main__":

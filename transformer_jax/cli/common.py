@@ -1,105 +1,76 @@
-"""What the translate and evaluate commands share: loading a run, decoding flags, reading lines."""
+"""What the translate and evaluate commands share: the decoding flags, reading lines,
+translating them."""
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import sys
-from collections.abc import Sequence
 from typing import Any
+
+from absl import flags
 
 from transformer_jax.data.sources import read_lines as read_lines_of
 from transformer_jax.data.sources import split_lines
-from transformer_jax.data.tokenizer import Tokenizer, load_tokenizer
-from transformer_jax.model.config import TransformerConfig, from_config_dict
-from transformer_jax.training.checkpoints import load_run, parse_checkpoint
-from transformer_jax.training.schema import resolve_auto
-
-log = logging.getLogger(__name__)
+from transformer_jax.inference.runs import load_models
+from transformer_jax.inference.translation import translate_lines
 
 
-def load(workdir: str, checkpoint: str) -> tuple[Any, TransformerConfig, Any, Tokenizer]:
-    """``(run config, model config, params, tokenizer)`` of a workdir; ValueError if absent.
-
-    ``checkpoint`` is ``'latest'``, ``'averaged'``, a step number (as text) or
-    ``'snapshots/STEP'``.
-    """
-    if not os.path.isdir(workdir):
-        raise ValueError(f"workdir {workdir!r} does not exist")
-    parse_checkpoint(checkpoint)  # a bad name fails before anything is read
-    tokenizer = load_tokenizer(os.path.join(workdir, "tokenizer.model"))
-    run, params, step = load_run(workdir, checkpoint)
-    log.info("loaded %s checkpoint (step %d) from %s", checkpoint, step, workdir)
-    model = resolve_auto(from_config_dict(run.model))  # 'auto' choices: this host's
-    return run, model, params, Tokenizer(tokenizer.model_proto, model.tgt_vocab)
-
-
-def load_models(
-    workdirs: Sequence[str], checkpoint: str
-) -> tuple[Any, TransformerConfig | list[TransformerConfig], Any, Tokenizer]:
-    """:func:`load` of one workdir, or of several as an ensemble: ``(the first run's config,
-    [model configs], [params], tokenizer)``; ValueError unless they share one tokenizer."""
-    if len(workdirs) == 1:
-        return load(workdirs[0], checkpoint)
-    loaded = [load(workdir, checkpoint) for workdir in workdirs]
-    tokenizer = shared_tokenizer(workdirs, loaded[0][1].tgt_vocab)
-    return loaded[0][0], [m[1] for m in loaded], [m[2] for m in loaded], tokenizer
-
-
-def shared_tokenizer(workdirs: Sequence[str], target_vocab_size: int | None = None) -> Tokenizer:
-    """The tokenizer of the runs in ``workdirs`` (targets limited to ``target_vocab_size``
-    pieces: the runs' ``model.tgt_vocab_size``); ValueError unless their ``tokenizer.model``
-    files are the same."""
-    paths = [os.path.join(workdir, "tokenizer.model") for workdir in workdirs]
-    tokenizer = load_tokenizer(paths[0], target_vocab_size)
-    with open(paths[0], "rb") as f:
-        first = f.read()
-    for path in paths[1:]:
-        if not os.path.isfile(path):
-            raise ValueError(f"{path} does not exist: is {os.path.dirname(path)} a training run?")
-        with open(path, "rb") as f:
-            if f.read() != first:
-                raise ValueError(
-                    f"{path} differs from {paths[0]}: an ensemble's runs must share one tokenizer"
-                )
-    return tokenizer
-
-
-def add_decode_flags(parser: argparse.ArgumentParser) -> None:
-    """Flags shared with ``transformer_jax.evaluate``; unset ones come from config.decode."""
-    parser.add_argument(
-        "--workdir",
-        required=True,
-        action="append",
-        help="training run directory; repeated: an ensemble of the runs (mean probabilities; "
-        "one tokenizer; decoding settings from the first)",
+def define_decode_flags(values: flags.FlagValues) -> None:
+    """Flags shared by translate and evaluate; unset ones come from the run's config.decode."""
+    define = {"flag_values": values}
+    flags.DEFINE_multi_string(
+        "workdir",
+        None,
+        "Training run directory; repeated: an ensemble of the runs (mean probabilities; one "
+        "tokenizer; decoding settings from the first).",
+        **define,
     )
-    parser.add_argument(
-        "--checkpoint",
-        default="latest",
-        help="'latest' (default), 'averaged', a step, or 'snapshots/STEP' (saved on SIGUSR1)",
+    flags.mark_flag_as_required("workdir", flag_values=values)
+    flags.DEFINE_string(
+        "checkpoint",
+        "latest",
+        "'latest', 'averaged', a step, or 'snapshots/STEP' (saved on SIGUSR1).",
+        **define,
     )
-    parser.add_argument("--beam_size", type=int, help="default: config.decode.beam_size (4)")
-    parser.add_argument("--alpha", type=float, help="length penalty; default: config (0.6)")
-    parser.add_argument("--max_extra_len", type=int, help="output <= input + this (default 50)")
-    parser.add_argument("--max_src_len", type=int, help="truncate longer sources (tokens)")
-    parser.add_argument("--batch_size", type=int, default=64, help="sentences per batch")
+    flags.DEFINE_integer(
+        "beam_size", None, "Default: config.decode.beam_size (4).", lower_bound=1, **define
+    )
+    flags.DEFINE_float("alpha", None, "Length penalty; default: config (0.6).", **define)
+    flags.DEFINE_integer(
+        "max_extra_len", None, "Output <= input + this (default 50).", lower_bound=0, **define
+    )
+    flags.DEFINE_integer(
+        "max_src_len", None, "Truncate longer sources (tokens).", lower_bound=1, **define
+    )
+    flags.DEFINE_integer("batch_size", 64, "Sentences per batch.", lower_bound=1, **define)
 
 
-def decode_options(args: argparse.Namespace, run: Any) -> dict[str, Any]:
+def decode_options(values: flags.FlagValues, run: Any) -> dict[str, Any]:
     """translate_lines keyword arguments: the flags, else the run's config.decode."""
     decode = run.get("decode", {})
-    pick = lambda flag, key, default: (  # noqa: E731
-        getattr(args, flag) if getattr(args, flag) is not None else decode.get(key, default)
-    )
+
+    def pick(name: str, default: Any) -> Any:
+        given = values[name].value
+        return given if given is not None else decode.get(name, default)
+
     return {
-        "beam_size": pick("beam_size", "beam_size", 4),
-        "alpha": pick("alpha", "alpha", 0.6),
-        "max_extra_len": pick("max_extra_len", "max_extra_len", 50),
-        "max_src_len": args.max_src_len,
-        "batch_size": args.batch_size,
+        "beam_size": pick("beam_size", 4),
+        "alpha": pick("alpha", 0.6),
+        "max_extra_len": pick("max_extra_len", 50),
+        "max_src_len": values.max_src_len,
+        "batch_size": values.batch_size,
     }
+
+
+def translate(values: flags.FlagValues, lines: list[str]) -> tuple[Any, dict[str, Any], list[str]]:
+    """``lines`` translated with the runs and decoding flags of ``values``: ``(the first
+    run's config, the decoding options used, the translations)``. The library's warnings
+    are ``WARNING: message`` lines on stderr."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
+    run_config, config, params, tokenizer = load_models(values.workdir, values.checkpoint)
+    options = decode_options(values, run_config)
+    return run_config, options, translate_lines(config, params, tokenizer, lines, **options)
 
 
 def read_lines(path: str | None) -> list[str]:

@@ -1,18 +1,20 @@
 """Download a data set into the layout ``train.py`` reads.
 
-    python -m transformer_jax.download multi30k --dest data/multi30k
+    transformer-jax download multi30k --dest data/multi30k
 
 writes ``data/multi30k/{train,val,test_2016_flickr}.{en,de,fr}`` (6 MB), the files
-``configs/multi30k.py`` and ``benchmarks/quality.py`` read by default. ``--base-url`` takes
+``configs/multi30k.py`` and ``benchmarks/quality.py`` read by default. ``--base_url`` takes
 another copy of the Multi30k repository's ``data/task1/raw`` folder (``file://`` too).
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
 
+from absl import flags
+
+from transformer_jax.cli.flags import run, usage_error
 from transformer_jax.data.download import (
     MULTI30K_LANGS,
     MULTI30K_SPLITS,
@@ -21,32 +23,35 @@ from transformer_jax.data.download import (
     download_multi30k,
 )
 
+DATASETS = ("multi30k",)
+
+
+def define_flags(values: flags.FlagValues, argv: list[str]) -> None:
+    define = {"flag_values": values}
+    flags.DEFINE_string("dest", None, "The folder to write ({split}.{lang}).", **define)
+    flags.mark_flag_as_required("dest", flag_values=values)
+    flags.DEFINE_string("base_url", MULTI30K_URL, "Where the .gz files are.", **define)
+    flags.DEFINE_list("langs", list(MULTI30K_LANGS), "Comma list of languages to get.", **define)
+    flags.register_validator(
+        "langs",
+        lambda langs: set(langs) <= set(MULTI30K_LANGS),
+        f"Multi30k has the languages {list(MULTI30K_LANGS)}",
+        flag_values=values,
+    )
+
+
+def _download(values: flags.FlagValues, positional: list[str]) -> None:
+    if positional not in ([name] for name in DATASETS):
+        raise usage_error(f"name one data set of {list(DATASETS)}, got {positional}")
+    written = download_multi30k(values.dest, values.base_url, values.langs)
+    kept = len(MULTI30K_SPLITS) * len(values.langs) - len(written)
+    print(f"Multi30k in {values.dest}: wrote {len(written)} files, kept {kept} complete ones")
+
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m transformer_jax.download",
-        description=__doc__,
-        epilog=WMT14 + ".",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("dataset", choices=["multi30k"], help="the data set")
-    parser.add_argument("--dest", required=True, help="the folder to write ({split}.{lang})")
-    parser.add_argument("--base-url", default=MULTI30K_URL, help="where the .gz files are")
-    parser.add_argument(
-        "--langs", default=",".join(MULTI30K_LANGS), help="comma list of languages to get"
-    )
-    args = parser.parse_args(argv)
-    langs = args.langs.split(",")
-    if unknown := sorted(set(langs) - set(MULTI30K_LANGS)):
-        parser.error(f"--langs: Multi30k has no {unknown}; it has {list(MULTI30K_LANGS)}")
-    try:
-        written = download_multi30k(args.dest, args.base_url, langs)
-    except (ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    kept = len(MULTI30K_SPLITS) * len(langs) - len(written)
-    print(f"Multi30k in {args.dest}: wrote {len(written)} files, kept {kept} complete ones")
-    return 0
+    """``transformer-jax download``: download with the command line ``argv``; the exit code."""
+    doc = f"{__doc__.rstrip()}\n\n{WMT14}.\n"
+    return run(doc, define_flags, _download, argv, "transformer-jax download")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Translate a test set and score it with BLEU (paper §6.1, Table 2).
 
-    python -m transformer_jax.evaluate --workdir DIR --src FILE --ref FILE
+    transformer-jax evaluate --workdir DIR --src FILE --ref FILE
         [--beam_size 4] [--alpha 0.6] [--checkpoint latest|STEP|averaged|snapshots/STEP]
         [--out FILE]
 
@@ -23,15 +23,24 @@ The hypotheses are written to ``--out`` (default ``{src}.hyp``), the scores next
 
 from __future__ import annotations
 
-import argparse
-import logging
 import os
 import sys
 from collections.abc import Sequence
 
-from transformer_jax.cli.common import add_decode_flags, decode_options, load_models, read_lines
+from absl import flags
+
+from transformer_jax.cli.common import define_decode_flags, read_lines, translate
+from transformer_jax.cli.flags import no_arguments, run
 from transformer_jax.inference.bleu import bleu, check_pairs, tokenized_bleu
-from transformer_jax.inference.translation import translate_lines
+
+
+def define_flags(values: flags.FlagValues, argv: list[str]) -> None:
+    define_decode_flags(values)
+    define = {"flag_values": values}
+    flags.DEFINE_string("src", None, "Source sentences, one per line.", **define)
+    flags.DEFINE_string("ref", None, "Reference translations, one per line.", **define)
+    flags.DEFINE_string("out", None, "The hypotheses' file (default: {src}.hyp).", **define)
+    flags.mark_flags_as_required(["src", "ref"], flag_values=values)
 
 
 def report(hypotheses: Sequence[str], references: Sequence[str], lang: str) -> str:
@@ -47,44 +56,32 @@ def report(hypotheses: Sequence[str], references: Sequence[str], lang: str) -> s
     )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m transformer_jax.evaluate",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_decode_flags(parser)
-    parser.add_argument("--src", required=True, help="source sentences, one per line")
-    parser.add_argument("--ref", required=True, help="reference translations, one per line")
-    parser.add_argument("--out", help="where to write the hypotheses (default: {src}.hyp)")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
-    out = args.out or f"{args.src}.hyp"
-    try:
-        sources, references = read_lines(args.src), read_lines(args.ref)
-        check_pairs(sources, references)
-        if not sources:
-            raise ValueError(f"{args.src} is empty: there is nothing to evaluate")
-        run, config, params, tokenizer = load_models(args.workdir, args.checkpoint)
-        options = decode_options(args, run)
-        hypotheses = translate_lines(config, params, tokenizer, sources, **options)
-        lang = run.get("data", {}).get("tgt_lang", "de")
-        scores = report(hypotheses, references, lang)
-        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-        with open(out, "w", encoding="utf-8") as f:
-            f.writelines(h + "\n" for h in hypotheses)
-        with open(f"{out}.bleu", "w", encoding="utf-8") as f:
-            models = f"ensemble of {len(args.workdir)} runs, " if len(args.workdir) > 1 else ""
-            f.write(
-                f"{args.src} ({len(sources)} sentences), {models}checkpoint {args.checkpoint}, "
-            )
-            f.write(f"beam {options['beam_size']}, alpha {options['alpha']}\n{scores}")
-    except (ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+def _evaluate(values: flags.FlagValues, positional: list[str]) -> None:
+    no_arguments(positional)
+    out = values.out or f"{values.src}.hyp"
+    sources, references = read_lines(values.src), read_lines(values.ref)
+    check_pairs(sources, references)
+    if not sources:
+        raise ValueError(f"{values.src} is empty: there is nothing to evaluate")
+    run_config, options, hypotheses = translate(values, sources)
+    lang = run_config.get("data", {}).get("tgt_lang", "de")
+    scores = report(hypotheses, references, lang)
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w", encoding="utf-8") as f:
+        f.writelines(h + "\n" for h in hypotheses)
+    models = len(values.workdir)
+    with open(f"{out}.bleu", "w", encoding="utf-8") as f:
+        ensemble = f"ensemble of {models} runs, " if models > 1 else ""
+        f.write(f"{values.src} ({len(sources)} sentences), {ensemble}")
+        f.write(f"checkpoint {values.checkpoint}, ")
+        f.write(f"beam {options['beam_size']}, alpha {options['alpha']}\n{scores}")
     print(scores, end="")
     print(f"hypotheses: {out}; scores: {out}.bleu")
-    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``transformer-jax evaluate``: evaluate with the command line ``argv``; the exit code."""
+    return run(__doc__, define_flags, _evaluate, argv, "transformer-jax evaluate")
 
 
 if __name__ == "__main__":

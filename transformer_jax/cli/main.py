@@ -2,6 +2,7 @@
 
 Runs the command's ``main`` (``transformer-jax train --config base`` is
 ``python train.py --config base``); ``transformer-jax COMMAND --help`` shows its flags.
+Every command parses its flags and exits the same way (:mod:`transformer_jax.cli.flags`).
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from types import ModuleType
 
 from transformer_jax.cli import average, download, evaluate, plan, prepare, train, translate
 
-# command -> (its module, whose main() reads sys.argv and returns or exits with the status;
-# what it does, for the usage)
+# command -> (its module, whose main(argv) runs it and returns its exit code; what it does,
+# for the usage)
 COMMANDS: dict[str, tuple[ModuleType, str]] = {
     "train": (train, "train and evaluate a run (python train.py); rerun to resume"),
     "translate": (translate, "translate sentences with a trained run (beam search)"),
@@ -43,8 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"{PROG}: unknown command {name!r}\n\n{usage()}", end="", file=sys.stderr)
         return 2
-    sys.argv = [f"{PROG} {name}", *rest]  # the command parses sys.argv (train's absl flags do)
-    return COMMANDS[name][0].main() or 0
+    return COMMANDS[name][0].main(rest)
 
 
 if __name__ == "__main__":

@@ -17,58 +17,57 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Sequence
 
-from absl import app, flags
+from absl import flags
 
 from transformer_jax.aot.gpus import GPUS
 from transformer_jax.aot.plan import DEFAULT_MEMORY_FRACTION, format_plan, make_plan
-from transformer_jax.cli import train as train_cli
-
-FLAGS = flags.FLAGS
+from transformer_jax.cli.flags import Failure, define_config_flag, load_config, no_arguments, run
 
 
-def _define_flags() -> None:
-    train_cli.define_config_flag()
-    flags.DEFINE_enum("gpu", "h100", sorted(GPUS), "The GPU to compile for.")
-    flags.DEFINE_string("topology", "1x1x1", "HOSTSxPROCESSESxGPUS, e.g. 1x1x8 or 2x1x8.")
-    flags.DEFINE_string("json", None, "Write the plan here as JSON.")
-    flags.DEFINE_integer("decode_batch", 64, "Beam search's sentences (0: no decoding plan).")
-    flags.DEFINE_integer("decode_src_len", 128, "Beam search's source length (tokens).")
-    flags.DEFINE_float("memory_fraction", DEFAULT_MEMORY_FRACTION, "Usable share of memory.")
-    flags.DEFINE_bool("fit", True, "Find the largest data.tokens_per_batch that fits.")
+def define_flags(values: flags.FlagValues, argv: list[str]) -> None:
+    define_config_flag(values, argv)
+    define = {"flag_values": values}
+    flags.DEFINE_enum("gpu", "h100", sorted(GPUS), "The GPU to compile for.", **define)
+    flags.DEFINE_string("topology", "1x1x1", "HOSTSxPROCESSESxGPUS, e.g. 1x1x8 or 2x1x8.", **define)
+    flags.DEFINE_string("json", None, "Write the plan here as JSON.", **define)
+    flags.DEFINE_integer(
+        "decode_batch", 64, "Beam search's sentences (0: no decoding plan).", **define
+    )
+    flags.DEFINE_integer("decode_src_len", 128, "Beam search's source length (tokens).", **define)
+    flags.DEFINE_float(
+        "memory_fraction", DEFAULT_MEMORY_FRACTION, "Usable share of memory.", **define
+    )
+    flags.DEFINE_bool("fit", True, "Find the largest data.tokens_per_batch that fits.", **define)
 
 
-def _plan(argv: list[str]) -> None:
-    if len(argv) > 1:
-        train_cli._fail(f"unexpected arguments: {argv[1:]}", train_cli.EXIT_USAGE)
-    config = train_cli._load_config()
-    folder = os.path.dirname(os.path.abspath(FLAGS.json)) if FLAGS.json else None
+def _plan(values: flags.FlagValues, positional: list[str]) -> None:
+    no_arguments(positional)
+    config = load_config(values)
+    folder = os.path.dirname(os.path.abspath(values.json)) if values.json else None
     if folder and not os.path.isdir(folder):  # before minutes of compiling
-        train_cli._fail(f"--json: folder {folder!r} does not exist", train_cli.EXIT_USAGE)
-    try:
-        plan = make_plan(
-            config,
-            FLAGS.gpu,
-            FLAGS.topology,
-            decode_batch=FLAGS.decode_batch,
-            decode_src_len=FLAGS.decode_src_len,
-            memory_fraction=FLAGS.memory_fraction,
-            fit=FLAGS.fit,
-            log=lambda line: print(line, file=sys.stderr, flush=True),
-        )
-    except ValueError as e:
-        train_cli._fail(str(e), train_cli.EXIT_ERROR)
+        raise Failure(f"--json: folder {folder!r} does not exist")
+    plan = make_plan(
+        config,
+        values.gpu,
+        values.topology,
+        decode_batch=values.decode_batch,
+        decode_src_len=values.decode_src_len,
+        memory_fraction=values.memory_fraction,
+        fit=values.fit,
+        log=lambda line: print(line, file=sys.stderr, flush=True),
+    )
     print(format_plan(plan))
-    if FLAGS.json:
-        with open(FLAGS.json, "w") as f:
+    if values.json:
+        with open(values.json, "w") as f:
             json.dump(plan, f, indent=2)
 
 
-def main() -> None:
-    """``python -m transformer_jax.plan``: parse sys.argv, plan, print."""
-    _define_flags()
-    app.run(_plan, flags_parser=train_cli.flags_parser(__doc__, "gpu"))
+def main(argv: Sequence[str] | None = None) -> int:
+    """``transformer-jax plan``: plan with the command line ``argv``; the exit code."""
+    return run(__doc__, define_flags, _plan, argv, "transformer-jax plan")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

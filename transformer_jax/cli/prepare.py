@@ -17,60 +17,37 @@ command line.
 
 from __future__ import annotations
 
-import os
 import sys
+from collections.abc import Sequence
 
-from absl import app, flags
+from absl import flags
 
-from transformer_jax import data as data_lib
-from transformer_jax.cli.train import (
-    EXIT_ERROR,
-    _fail,
-    config_and_workdir,
-    define_config_flag,
-    flags_parser,
-)
-from transformer_jax.training.validation import validate_config
-
-FLAGS = flags.FLAGS
+from transformer_jax.cli.flags import Failure, config_and_workdir, define_config_flag, run
+from transformer_jax.training.preparation import prepare_run_data
 
 
-def _define_flags() -> None:
-    define_config_flag()
-    flags.DEFINE_string("workdir", None, "The run's directory (default runs/<config name>).")
-    flags.DEFINE_string("data_dir", None, "Where to prepare the splits (data.data_dir).")
+def define_flags(values: flags.FlagValues, argv: list[str]) -> None:
+    define_config_flag(values, argv)
+    define = {"flag_values": values}
+    flags.DEFINE_string("workdir", None, "The run's folder (default runs/<config name>).", **define)
+    flags.DEFINE_string("data_dir", None, "Where to prepare the splits (data.data_dir).", **define)
 
 
-def prepare(config, workdir: str) -> list[str]:
-    """The tokenizer and every split the run of ``config`` reads; their directories."""
-    model_config = validate_config(config)
-    os.makedirs(workdir, exist_ok=True)
-    tokenizer = data_lib.get_tokenizer(
-        config.data, workdir, config.model.vocab_size, model_config.tgt_vocab
-    )
-    splits = data_lib.run_splits(config.data, config.train.final_test)
-    data_lib.prepare_data(config.data, workdir, tokenizer, splits)
-    return [data_lib.prepared_path(config.data, s, tokenizer, workdir) for s in splits]
-
-
-def _prepare(argv: list[str]) -> None:
-    config, workdir = config_and_workdir(argv)
-    if FLAGS.data_dir is not None:
-        config.data.data_dir = FLAGS.data_dir
+def _prepare(values: flags.FlagValues, positional: list[str]) -> None:
+    config, workdir = config_and_workdir(values, positional)
+    if values.data_dir is not None:
+        config.data.data_dir = values.data_dir
     try:
-        paths = prepare(config, workdir)
-    except (ValueError, OSError) as e:
-        _fail(str(e), EXIT_ERROR)
+        paths = prepare_run_data(config, workdir)
     except KeyboardInterrupt:
-        _fail("interrupted: rerun to resume from the chunks already encoded", EXIT_ERROR)
+        raise Failure("interrupted: rerun to resume from the chunks already encoded") from None
     print("prepared:", *paths, sep="\n  ", file=sys.stdout)
 
 
-def main() -> None:
-    """``python -m transformer_jax.data.prepare``: parse sys.argv, prepare, exit."""
-    _define_flags()
-    app.run(_prepare, flags_parser=flags_parser(__doc__, "data_dir"))
+def main(argv: Sequence[str] | None = None) -> int:
+    """``transformer-jax prepare``: prepare with the command line ``argv``; the exit code."""
+    return run(__doc__, define_flags, _prepare, argv, "transformer-jax prepare")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

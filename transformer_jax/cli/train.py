@@ -16,219 +16,166 @@ each other before every one stops with one line. The config fields, with their t
 defaults, checks and help, are listed at the end of ``--help`` (``training/schema.py``);
 a run's config is ``{workdir}/config.json``.
 
-Exit codes: 0 trained and evaluated (or already complete); 1 an error, printed as one line
-(a bad config value or file, data, a non-finite loss, a full disk); 2 a bad command line;
-75 stopped by
-SIGTERM (preempted, at any point; once training started, after saving a checkpoint): rerun
-to resume; 130 stopped by Ctrl-C (SIGINT; saved like SIGTERM, a second Ctrl-C stops at
-once). A SIGTERM after the last step lets the final evaluation finish (exit 0); once the
-run is saved, further SIGTERMs are ignored while the process exits.
+The run starts with the line ``workdir: PATH`` and ends with the line naming what it keeps
+there (the checkpoints, config.json and metrics.jsonl).
+
+Exit codes (the commands' table: README, Exit codes): 0 trained and evaluated (or already
+complete); 1 an error, printed as one line (a bad config value or file, data, a non-finite
+loss, a full disk); 2 a command line the flags reject (an unknown flag or config field);
+75 stopped by SIGTERM (preempted, at any point; once training started, after saving a
+checkpoint): rerun to resume; 130 stopped by Ctrl-C (SIGINT; saved like SIGTERM, a second
+Ctrl-C stops at once). A SIGTERM after the last step lets the final evaluation finish
+(exit 0); once the run is saved, further SIGTERMs are ignored while the process exits.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
 import jax
 import ml_collections
-from absl import app, flags, logging
-from ml_collections import config_flags
+from absl import flags, logging
 
-from transformer_jax.configs import NAMES, config_file
+from transformer_jax.cli.flags import (
+    EXIT_INTERRUPTED,
+    EXIT_PREEMPTED,
+    Failure,
+    config_and_workdir,
+    define_config_flag,
+    run,
+)
 from transformer_jax.kernels import configure_process
-from transformer_jax.training import distributed, peers, schema
+from transformer_jax.training import distributed, peers
+from transformer_jax.training.checkpoints import CHECKPOINT_DIR, CONFIG_FILE
+from transformer_jax.training.logs import METRICS_FILE
 from transformer_jax.training.loop import train_and_evaluate
 
-EXIT_ERROR, EXIT_USAGE, EXIT_PREEMPTED, EXIT_INTERRUPTED = 1, 2, 75, 130
 _STOPPED = {"SIGTERM": EXIT_PREEMPTED, "SIGINT": EXIT_INTERRUPTED}
-DEFAULT_CONFIG = config_file("tiny")
-_HELP = {"-h", "--help", "--helpshort", "--helpfull", "-?"}
-FLAGS = flags.FLAGS
 
 
-def _fail(message: str, code: int) -> NoReturn:
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(code)
-
-
-def _config_error(error: Exception) -> NoReturn:
-    """One line for a config file or override that cannot be loaded or applied."""
-    while error.args and isinstance(error.args[0], Exception):  # AttributeError(KeyError(...))
-        error = error.args[0]
-    text = error.args[0] if error.args and isinstance(error.args[0], str) else str(error)
-    lines = "; ".join(line.strip() for line in text.splitlines() if line.strip())
-    unknown = isinstance(error, KeyError | AttributeError)
-    _fail(f"{'unknown config field' if unknown else 'bad --config'}: {lines}", EXIT_USAGE)
-
-
-def define_config_flag() -> None:
-    """``--config``: a packaged config's name or a config file, with its overrides."""
-    try:  # loads the default config file
-        config_flags.DEFINE_config_file(
-            "config",
-            DEFAULT_CONFIG,
-            f"Run configuration: a name ({', '.join(NAMES)}) or a config file; override any "
-            "field with --config.SECTION.FIELD=VALUE.",
-        )
-    except (KeyError, AttributeError, TypeError, ValueError) as e:
-        _config_error(e)
-    FLAGS["config"].parser = _NamedConfigParser(FLAGS["config"].parser)
-
-
-def _define_flags() -> None:
-    """The command's flags, defined when it runs (importing this module defines none)."""
-    define_config_flag()
-    flags.DEFINE_string("workdir", None, "Output directory (default runs/<config name>).")
+def define_flags(values: flags.FlagValues, argv: list[str]) -> None:
+    """The command's flags (a :data:`transformer_jax.cli.flags.Define`)."""
+    define_config_flag(values, argv)
+    define = {"flag_values": values}
+    flags.DEFINE_string("workdir", None, "Output directory (default runs/<config name>).", **define)
     flags.DEFINE_bool(
-        "multihost", False, "One process of a run over several processes (jax.distributed)."
+        "multihost",
+        False,
+        "One process of a run over several processes (jax.distributed).",
+        **define,
     )
     flags.DEFINE_string(
-        "coordinator_address", None, "host:port of process 0 (implies --multihost)."
+        "coordinator_address", None, "host:port of process 0 (implies --multihost).", **define
     )
-    flags.DEFINE_integer("num_processes", None, "Processes in the run (implies --multihost).")
     flags.DEFINE_integer(
-        "process_id", None, "This process's index, 0 to num_processes - 1 (implies --multihost)."
+        "num_processes", None, "Processes in the run (implies --multihost).", **define
+    )
+    flags.DEFINE_integer(
+        "process_id",
+        None,
+        "This process's index, 0 to num_processes - 1 (implies --multihost).",
+        **define,
     )
     flags.DEFINE_float(
         "initialization_timeout",
         30,
         "Seconds for every process of a multi-host run to connect and agree on its launch.",
         lower_bound=1,
+        **define,
     )
     flags.DEFINE_float(
         "peer_timeout",
         30,
         "Seconds a process of a multi-host run may go unheard before every process stops.",
         lower_bound=1,
+        **define,
     )
 
 
-class _NamedConfigParser(flags.ArgumentParser):
-    """ml_collections' config file parser, also given a packaged config's name."""
-
-    def __init__(self, files: flags.ArgumentParser):
-        self.files = files
-
-    def parse(self, argument: str) -> ml_collections.ConfigDict:
-        return self.files.parse(config_file(argument))
-
-    def flag_type(self) -> str:
-        return self.files.flag_type()
-
-
-def _usage(doc: str, own_flag: str, full: bool) -> NoReturn:
-    """``doc``, the command's flags (all of absl's with ``--helpfull``) and the config fields;
-    exit 0."""
-    modules = dict.fromkeys(FLAGS.find_module_defining_flag(n) for n in ("config", own_flag))
-    help_text = FLAGS.get_help() if full else "\n".join(map(FLAGS.module_help, modules))
-    print(f"{doc}\nflags:\n{help_text}\n\n{schema.help_text()}")
-    sys.exit(0)
-
-
-def flags_parser(doc: str, own_flag: str) -> Callable[[list[str]], list[str]]:
-    """absl's parsing for a command (``doc`` and its flags for ``--help``, ``own_flag`` one
-    it defines), with help that exits 0 and one line for a bad flag or config."""
-
-    def parse(argv: list[str]) -> list[str]:
-        if _HELP & set(argv[1:]):
-            _usage(doc, own_flag, full="--helpfull" in argv)
-        try:
-            return FLAGS(argv)
-        except flags.Error as e:
-            text = str(e).strip()
-            if "Traceback" in text:  # the config file's get_config raised: its last line says
-                _fail(f"bad --config: {text.splitlines()[-1]}", EXIT_USAGE)
-            _fail(text, EXIT_USAGE)
-        except (KeyError, AttributeError, TypeError, ValueError) as e:
-            _config_error(e)
-        except SyntaxError as e:
-            _fail(f"--config file {e.filename}, line {e.lineno}: {e.msg}", EXIT_USAGE)
-
-    return parse
-
-
-def _quiet_orbax() -> None:
+@contextlib.contextmanager
+def quiet_orbax() -> Iterator[None]:
     """Leave a failed save to the loop's one line: Orbax logs it from each writer thread, and
-    asyncio prints "Event loop is closed" once per write still pending."""
-    logging.get_absl_handler().addFilter(lambda record: "orbax" not in record.pathname)
-    default = sys.unraisablehook
+    asyncio reports "Event loop is closed" once per write still pending. Both only while
+    training: the absl logger's filter and ``sys.unraisablehook`` are restored after."""
+    logger, hook = logging.get_absl_logger(), sys.unraisablehook
+
+    def orbax_filter(record: Any) -> bool:
+        return "orbax" not in record.pathname
 
     def unraisablehook(unraisable: Any) -> None:
         value = unraisable.exc_value
         if not (isinstance(value, RuntimeError) and str(value) == "Event loop is closed"):
-            default(unraisable)
+            hook(unraisable)
 
+    logger.addFilter(orbax_filter)
     sys.unraisablehook = unraisablehook
-
-
-def _config_path() -> str:
-    """The file of ``--config``, without its ``:ARGS``."""
-    return config_file(FLAGS["config"].config_filename).partition(":")[0]
-
-
-def _load_config() -> ml_collections.ConfigDict:
-    """The config of ``--config`` with its overrides; one line and exit 2 if it fails."""
-    path = _config_path()
-    if not os.path.isfile(path):
-        _fail(f"--config file {path!r} does not exist (names: {', '.join(NAMES)})", EXIT_USAGE)
     try:
-        config = FLAGS.config
-        config.get("train")  # a config file that failed to load fails here
-    except (OSError, KeyError, AttributeError, TypeError, ValueError) as e:
-        _config_error(e)
-    return config
+        yield
+    finally:
+        sys.unraisablehook = hook
+        logger.removeFilter(orbax_filter)
 
 
-def config_and_workdir(argv: list[str]) -> tuple[ml_collections.ConfigDict, str]:
-    """The config and workdir of the parsed flags (``--workdir``, else runs/<config name>)."""
-    if len(argv) > 1:
-        _fail(f"unexpected arguments: {argv[1:]}", EXIT_USAGE)
-    config = _load_config()
-    name = os.path.splitext(os.path.basename(_config_path()))[0]
-    return config, FLAGS.workdir or os.path.join("runs", name)
+def where_saved(workdir: str) -> str:
+    """The line naming what a run keeps in ``workdir``."""
+    kept = (CHECKPOINT_DIR, CONFIG_FILE, METRICS_FILE)
+    return f"workdir: {os.path.abspath(workdir)} ({', '.join(kept)})"
 
 
-def _train(argv: list[str]) -> None:
-    """Train and evaluate the run of the parsed flags; exit with the code of how it ended."""
-    config, workdir = config_and_workdir(argv)
+def _train(values: flags.FlagValues, positional: list[str]) -> int:
+    """Train and evaluate the run of the parsed flags; the exit code of how it ended."""
+    config, workdir = config_and_workdir(values, positional)
     logging.set_verbosity(logging.WARNING)  # Orbax logs every file it writes at INFO
-    _quiet_orbax()
     multihost = False
     try:
         configure_process(config.model.platform)  # CPU runtime settings; before JAX starts
         multihost = distributed.initialize(
-            FLAGS.multihost,
-            FLAGS.initialization_timeout,
-            FLAGS.peer_timeout,
-            coordinator_address=FLAGS.coordinator_address,
-            num_processes=FLAGS.num_processes,
-            process_id=FLAGS.process_id,
+            values.multihost,
+            values.initialization_timeout,
+            values.peer_timeout,
+            coordinator_address=values.coordinator_address,
+            num_processes=values.num_processes,
+            process_id=values.process_id,
         )
         if multihost:
-            peers.agree(config, FLAGS.num_processes, FLAGS.initialization_timeout)
-            finished = peers.watch(FLAGS.peer_timeout)
-        # Once training stops the run is saved: a late SIGTERM (a launcher signals each task,
-        # steps apart) must not kill this process while it shuts down, its peers waiting.
-        result = train_and_evaluate(config, workdir, sigterm_after=signal.SIG_IGN)
+            peers.agree(config, values.num_processes, values.initialization_timeout)
+            finished = peers.watch(values.peer_timeout)
+        result = _run(config, workdir)
     except (ValueError, FloatingPointError, OSError, RuntimeError) as e:
         if multihost:  # its peers may be lost: no waiting for them on the way out
             distributed.end(peers.describe(e))
         if isinstance(e, RuntimeError):
             raise
-        _fail(str(e), EXIT_ERROR)
+        raise Failure(str(e)) from None
     except KeyboardInterrupt:
         message = "interrupted (a second Ctrl-C): the last checkpoint is kept"
         if jax.distributed.is_initialized():  # no waiting for the peers at JAX's shutdown
             distributed.end(message, EXIT_INTERRUPTED)
-        _fail(message, EXIT_INTERRUPTED)
+        raise Failure(message, EXIT_INTERRUPTED) from None
     if multihost:
         finished.set()
     if not result["complete"]:
-        sys.exit(_STOPPED[result["stopped_by"]])
+        return _STOPPED[result["stopped_by"]]
+    return 0
+
+
+def _run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+    """train_and_evaluate, the workdir named before and after (by process 0)."""
+    first = jax.process_index() == 0
+    if first:
+        print(f"workdir: {os.path.abspath(workdir)}", flush=True)
+    with quiet_orbax():
+        # Once training stops the run is saved: a late SIGTERM (a launcher signals each task,
+        # steps apart) must not kill this process while it shuts down, its peers waiting.
+        result = train_and_evaluate(config, workdir, sigterm_after=signal.SIG_IGN)
+    if first:
+        print(where_saved(workdir), flush=True)
+    return result
 
 
 def _preempted_at_start(signum: int, frame: Any) -> NoReturn:
@@ -238,12 +185,12 @@ def _preempted_at_start(signum: int, frame: Any) -> NoReturn:
     os._exit(EXIT_PREEMPTED)
 
 
-def main() -> None:
-    """``python train.py`` / ``python -m transformer_jax.train``: parse sys.argv, train, exit."""
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python train.py`` / ``transformer-jax train``: train with the command line ``argv``
+    (default ``sys.argv[1:]``); the exit code."""
     signal.signal(signal.SIGTERM, _preempted_at_start)  # until the loop's own handler
-    _define_flags()
-    app.run(_train, flags_parser=flags_parser(__doc__, "workdir"))
+    return run(__doc__, define_flags, _train, argv, "train.py")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,6 +1,6 @@
 """Translate text with a trained run (paper §6.1 decoding: beam 4, alpha 0.6, input + 50).
 
-    python -m transformer_jax.translate --workdir DIR [--beam_size 4] [--alpha 0.6]
+    transformer-jax translate --workdir DIR [--beam_size 4] [--alpha 0.6]
         [--checkpoint latest|STEP|averaged|snapshots/STEP] [--input FILE]
         < source.txt > translations.txt
 
@@ -13,37 +13,32 @@ probabilities; one shared tokenizer).
 
 from __future__ import annotations
 
-import argparse
-import logging
 import sys
 from collections.abc import Sequence
 
-from transformer_jax.cli.common import add_decode_flags, decode_options, load_models, read_lines
-from transformer_jax.inference.translation import translate_lines
+from absl import flags
+
+from transformer_jax.cli.common import define_decode_flags, read_lines, translate
+from transformer_jax.cli.flags import no_arguments, run
+
+
+def define_flags(values: flags.FlagValues, argv: list[str]) -> None:
+    define_decode_flags(values)
+    flags.DEFINE_string(
+        "input", None, "Source sentences, one per line (default: stdin).", flag_values=values
+    )
+
+
+def _translate(values: flags.FlagValues, positional: list[str]) -> None:
+    no_arguments(positional)
+    _, _, translations = translate(values, read_lines(values.input))
+    sys.stdout.buffer.write("".join(t + "\n" for t in translations).encode("utf-8"))
+    sys.stdout.flush()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m transformer_jax.translate",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_decode_flags(parser)
-    parser.add_argument("--input", help="source sentences, one per line (default: stdin)")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
-    try:
-        lines = read_lines(args.input)
-        run, config, params, tokenizer = load_models(args.workdir, args.checkpoint)
-        translations = translate_lines(
-            config, params, tokenizer, lines, **decode_options(args, run)
-        )
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    sys.stdout.buffer.write("".join(t + "\n" for t in translations).encode("utf-8"))
-    sys.stdout.flush()
-    return 0
+    """``transformer-jax translate``: translate with the command line ``argv``; the exit code."""
+    return run(__doc__, define_flags, _translate, argv, "transformer-jax translate")
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import gzip
 import io
 import logging
 import os
+import urllib.request
 import zlib
 from collections.abc import Iterable, Iterator
 from itertools import zip_longest
@@ -21,6 +22,9 @@ from transformer_jax.data.synthetic import synthetic_pairs
 
 SOURCES = ("tfds", "text", "synthetic")
 TFDS_READ_BATCH = 1024  # records per batched ArrayRecord read
+# Where TFDS downloads a prepared dataset from first: reachable or not within the timeout
+# decides whether an unprepared dataset is downloaded or refused at once.
+TFDS_DOWNLOADS, TFDS_PROBE_TIMEOUT = "https://storage.googleapis.com", 5.0
 
 Pair = tuple[str, str]
 log = logging.getLogger(__name__)
@@ -214,25 +218,59 @@ def _text(value: Any) -> str:
 
 def _tfds_source(name: str, split: str, data_dir: str | None) -> Any:
     """``tfds.data_source`` of a prepared ArrayRecord dataset (random access, no
-    TensorFlow); ValueError naming the field for an unknown or unprepared dataset."""
+    TensorFlow); ValueError naming the field for an unknown dataset, or for an unprepared one
+    that cannot be downloaded (at once, with nothing written, when the network is down)."""
     import tensorflow_datasets as tfds
 
     try:  # registers the translation builders (wmt14_translate, ...) without TensorFlow
         import tensorflow_datasets.translate  # noqa: F401
     except ImportError:
         pass
+    absl_log = logging.getLogger("absl")  # TFDS warns of a dataset folder not yet prepared
+    absl_log.addFilter(_no_unprepared_folder_warning)
     try:
-        return tfds.data_source(name, split=split, data_dir=data_dir)
+        builder = tfds.builder(name, data_dir=data_dir or None)
+        prepared, folder = builder.is_prepared(), builder.data_dir
     except tfds.core.registered.DatasetNotFoundError as e:
         first_line = str(e).splitlines()[0]
         raise ValueError(f"data.tfds_name={name!r} is not a TFDS dataset: {first_line}") from None
-    except OSError as e:  # not prepared in data_dir, and the download failed
-        raise ValueError(
-            f"data.tfds_name={name!r} is not prepared in data.tfds_data_dir={data_dir or ''!r} "
-            f"and could not be downloaded ({type(e).__name__}: {str(e)[:200]}); prepare it on "
-            f"a machine with network access (`tfds build {name} --file_format=array_record "
-            "--data_dir DIR`) and set data.tfds_data_dir=DIR"
-        ) from None
+    finally:
+        absl_log.removeFilter(_no_unprepared_folder_warning)
+    if prepared:
+        return tfds.data_source(name, split=split, data_dir=data_dir or None)
+    unprepared = (
+        f"data.tfds_name={name!r} is not prepared in {folder} "
+        f"(data.tfds_data_dir={data_dir or ''!r})"
+    )
+    hint = (
+        f"prepare it where {TFDS_DOWNLOADS} is reachable (`transformer-jax prepare --config "
+        "CONFIG --config.data.tfds_data_dir=DIR`, which has TFDS download it) and set "
+        "data.tfds_data_dir=DIR"
+    )
+    if reason := _unreachable(TFDS_DOWNLOADS, TFDS_PROBE_TIMEOUT):
+        raise ValueError(f"{unprepared} and the network is unreachable ({reason}): {hint}")
+    try:
+        return tfds.data_source(name, split=split, data_dir=data_dir or None)
+    except OSError as e:  # the download failed
+        cause = (str(e).splitlines() or [""])[0]
+        raise ValueError(f"{unprepared} and the download failed ({cause}): {hint}") from None
+
+
+def _no_unprepared_folder_warning(record: logging.LogRecord) -> bool:
+    return "has no dataset_info.json" not in record.getMessage()
+
+
+def _unreachable(url: str, timeout: float) -> str | None:
+    """Why ``url`` cannot be reached within ``timeout`` seconds (through the proxies of
+    the environment, as TFDS's downloads), or None when it answers."""
+    try:
+        urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout)
+    except urllib.error.HTTPError:  # an answer: the network is up
+        return None
+    except (OSError, ValueError) as e:
+        reason = getattr(e, "reason", e)
+        return f"{type(reason).__name__}: {reason}".splitlines()[0]
+    return None
 
 
 def _read_records(data: Any, start: int, stop: int) -> list[Any]:

@@ -24,7 +24,7 @@ from transformer_jax.model.config import from_config_dict
 from transformer_jax.model.transformer import parameter_shapes
 from transformer_jax.training.distributed import any_process
 from transformer_jax.training.integrity import (
-    abandon_failed_reads,
+    abandoned_reads,
     checksums,
     difference,
     non_finite,
@@ -140,17 +140,17 @@ class Checkpointer:
         template = {"params": state.params, "train": _train_items(state)}
         for step in sorted(self.manager.all_steps(), reverse=True):
             error = None
-            abandon_failed_reads(os.path.join(self.directory, str(step)))
             try:
-                self._checkshapes(step, template)
-                restored = self.manager.restore(
-                    step,
-                    args=ocp.args.Composite(
-                        params=ocp.args.StandardRestore(state.params),
-                        train=ocp.args.StandardRestore(template["train"]),
-                        data=ocp.args.JsonRestore(),
-                    ),
-                )
+                with abandoned_reads(os.path.join(self.directory, str(step))):
+                    self._checkshapes(step, template)
+                    restored = self.manager.restore(
+                        step,
+                        args=ocp.args.Composite(
+                            params=ocp.args.StandardRestore(state.params),
+                            train=ocp.args.StandardRestore(template["train"]),
+                            data=ocp.args.JsonRestore(),
+                        ),
+                    )
                 self._verify(step, {"params": restored["params"], "train": restored["train"]})
             except CheckpointMismatch:
                 raise
@@ -280,11 +280,11 @@ def _read_params(manager: ocp.CheckpointManager, step: int, expected: dict | Non
     """The parameters of checkpoint ``step``, checked against their saved CRC-32s and, where
     ``expected`` (shapes by path) is given, their shapes; ValueError saying what is wrong."""
     path = os.path.join(manager.directory, str(step))
-    abandon_failed_reads(path)
     items = {"params": ocp.args.StandardRestore()}
     if os.path.isdir(os.path.join(path, "checksums")):  # absent: written before they were kept
         items["checksums"] = ocp.args.JsonRestore()
-    restored = manager.restore(step, args=ocp.args.Composite(**items))
+    with abandoned_reads(path):
+        restored = manager.restore(step, args=ocp.args.Composite(**items))
     if expected is not None and shapes(restored["params"]) != expected:
         raise CheckpointMismatch(
             f"checkpoint {step} in {manager.directory} holds other params arrays than "

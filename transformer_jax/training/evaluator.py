@@ -14,6 +14,7 @@ from transformer_jax.inference.bleu import bleu
 from transformer_jax.inference.translation import decode_batch, source_batches
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.training.distributed import sum_over_processes
+from transformer_jax.training.logs import say
 from transformer_jax.training.loss import summarize
 from transformer_jax.training.parallel import DataParallel
 
@@ -159,10 +160,8 @@ class Evaluator:
             pairs,
             self.config.decode,
         )
-        print(describe(step, f"test ({len(pairs)} sentences)", test))
+        say(describe(step, f"test ({len(pairs)} sentences)", test))
         samples = list(zip(pairs, hypotheses, strict=True))[: self.config.train.samples]
         for (source, reference), hypothesis in samples:
-            print(
-                f"  source:      {source}\n  reference:   {reference}\n  translation: {hypothesis}"
-            )
+            say(f"  source:      {source}\n  reference:   {reference}\n  translation: {hypothesis}")
         return {f"test_{k}": v for k, v in test.items()}

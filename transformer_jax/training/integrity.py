@@ -4,10 +4,13 @@ shapes the config describes; and the quiet end of the reads a failed restore lea
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 import os
 import sys
 import zlib
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -56,47 +59,49 @@ def difference(saved: dict[str, tuple], expected: dict[str, tuple]) -> str:
 
 
 class _AbandonedReads(logging.Filter):
-    """Silences the reads orbax leaves pending when restoring a checkpoint fails.
+    """Silences the reads orbax leaves pending when restoring a checkpoint fails, while
+    :func:`abandoned_reads` is entered.
 
     Orbax closes its event loop on the first read error; asyncio then logs each other
     read's error ("... exception was never retrieved") when it is collected, and a read
     ending after the close raises "Event loop is closed" into ``sys.unraisablehook``, which
-    can happen while ``restore`` is still raising: so each checkpoint is added before it is
-    read. For the checkpoints in ``paths``, a failed one's warning line says what happened,
-    and both are dropped; every other record and unraisable error passes on unchanged.
+    can happen while ``restore`` is still raising. For the checkpoint at ``path``, a failed
+    one's warning line says what happened, and both are dropped; every other record and
+    unraisable error passes on unchanged.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, path: str, unraisablehook: Any) -> None:
         super().__init__()
-        self.paths: set[str] = set()
-        logging.getLogger("asyncio").addFilter(self)
-
-    def add(self, path: str) -> None:
-        self.paths.add(os.path.join(os.path.abspath(path), ""))
-        if sys.unraisablehook != self._unraisable:  # first use, or replaced since
-            self._unraisablehook, sys.unraisablehook = sys.unraisablehook, self._unraisable
+        self.path = os.path.join(os.path.abspath(path), "")
+        self.unraisablehook = unraisablehook
 
     def filter(self, record: logging.LogRecord) -> bool:
         error = record.exc_info[1] if record.exc_info else None
-        return error is None or not any(path in str(error) for path in self.paths)
+        return error is None or self.path not in str(error)
 
-    def _unraisable(self, unraisable: Any) -> None:
+    def unraisable(self, unraisable: Any) -> None:
         closed = unraisable.exc_type is RuntimeError and (
             str(unraisable.exc_value) == "Event loop is closed"
         )
         if not closed:
-            self._unraisablehook(unraisable)
+            self.unraisablehook(unraisable)
 
 
-_abandoned_reads: _AbandonedReads | None = None
-
-
-def abandon_failed_reads(path: str) -> None:
-    """Drop the errors of the reads a failed restore of ``path`` leaves pending (see above)."""
-    global _abandoned_reads
-    if _abandoned_reads is None:
-        _abandoned_reads = _AbandonedReads()
-    _abandoned_reads.add(path)
+@contextlib.contextmanager
+def abandoned_reads(path: str) -> Iterator[None]:
+    """Drop the errors of the reads a failed restore of ``path`` leaves pending (see above)
+    while the block runs and its leftovers are collected; ``sys.unraisablehook`` and the
+    asyncio logger's filters are as they were after it."""
+    reads = _AbandonedReads(path, sys.unraisablehook)
+    logger = logging.getLogger("asyncio")
+    logger.addFilter(reads)
+    sys.unraisablehook = reads.unraisable
+    try:
+        yield
+    finally:
+        gc.collect()  # the failed reads' tasks, collected while their errors are dropped
+        sys.unraisablehook = reads.unraisablehook
+        logger.removeFilter(reads)
 
 
 def verify(saved: dict[str, dict[str, int]], restored: dict[str, Any]) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 
 import jax
 import ml_collections
+from tqdm import tqdm
 
 from transformer_jax.data.batching import Batch, TrainIterator, token_counts
 from transformer_jax.training.distributed import sum_over_processes
@@ -18,6 +19,13 @@ from transformer_jax.training.loss import summarize
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 RUN_INFO_FILE = "run_info.json"
+
+
+def say(text: str) -> None:
+    """Print ``text`` (above the progress bar) on process 0 only: a run's summary,
+    evaluations and samples appear once, not once per process."""
+    if jax.process_index() == 0:
+        tqdm.write(text)
 
 
 class MetricsWriter:

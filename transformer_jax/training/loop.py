@@ -32,6 +32,7 @@ from transformer_jax.training.logs import (
     describe_run_info,
     read_metrics,
     run_info,
+    say,
     write_run_info,
 )
 from transformer_jax.training.prefetch import StepBatches
@@ -80,7 +81,7 @@ def _train_and_evaluate(
     info = run_info(config, run.tokenizer.vocab_size, train_iter, model_config.matmul_precision)
     if jax.process_index() == 0:
         write_run_info(workdir, info)
-    print(describe_run_info(info))
+    say(describe_run_info(info))
     evaluator = Evaluator(config, workdir, run.dp, run.model_config, run.tokenizer)
     trainer = _Trainer(run, train_iter, evaluator, window)
     # Until the run and its final evaluation are saved, a SIGTERM waits for them: every
@@ -95,11 +96,11 @@ def _train_and_evaluate(
             print(f"{stopped_by}: saved the checkpoint at step {trainer.step}; rerun to resume")
             return {"step": trainer.step, "complete": False, "stopped_by": stopped_by}
         last = max(run.start, num_steps)
-        print(f"evaluating step {last} on {config.data.eval_split} ...")
+        say(f"evaluating step {last} on {config.data.eval_split} ...")
         record = evaluator.dev(trainer.state.params)
-        print(describe(last, "dev", record))
+        say(describe(last, "dev", record))
         if config.train.final_test:
-            print(f"evaluating step {last} on {config.data.test_split} ...")
+            say(f"evaluating step {last} on {config.data.test_split} ...")
             record.update(evaluator.test(trainer.state.params, last))
         trainer.writer.write(last, record)
         trainer.writer.close()
@@ -180,7 +181,7 @@ class _Trainer:
                 if evaluate_now and not last:
                     record = self.evaluator.dev(self.state.params)
                     self.writer.write(step, record)
-                    bar.write(describe(step, "dev", record))
+                    say(describe(step, "dev", record))
                     self.window.restart_clock()  # tokens/s counts training time only
         return None
 

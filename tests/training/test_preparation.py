@@ -1,0 +1,55 @@
+"""The library functions behind the prepare and average commands, without the CLI."""
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformer_jax import Transformer
+from transformer_jax.configs.tiny import get_config as tiny_config
+from transformer_jax.model.config import from_config_dict
+from transformer_jax.training.averaging import average_checkpoints, average_params
+from transformer_jax.training.checkpoints import CHECKPOINT_DIR, load_run, save_params
+from transformer_jax.training.preparation import prepare_run_data
+from transformer_jax.training.schema import default_config
+
+
+def test_prepare_run_data_writes_the_tokenizer_and_each_split(tmp_path):
+    config = tiny_config()
+    config.train.final_test = False
+    paths = prepare_run_data(config, str(tmp_path / "run"))
+    assert os.path.isfile(tmp_path / "run" / "tokenizer.model")
+    assert [os.path.basename(p).split("-")[0] for p in paths] == ["train", "validation"]
+    assert all(os.path.isdir(p) for p in paths)
+
+
+def test_prepare_run_data_refuses_a_bad_config_before_writing(tmp_path):
+    config = tiny_config()
+    config.model.num_heads = 7
+    with pytest.raises(ValueError, match="num_heads=7"):
+        prepare_run_data(config, str(tmp_path / "run"))
+    assert not (tmp_path / "run").exists()
+
+
+def test_average_checkpoints_saves_the_mean_of_the_last_ones(tmp_path):
+    workdir = str(tmp_path)
+    config = default_config()
+    config.model.update(d_model=8, num_heads=2, d_ff=16, num_encoder_layers=1)
+    config.model.update(num_decoder_layers=1, vocab_size=32, max_len=8)
+    (tmp_path / "config.json").write_text(config.to_json())
+    model, src = Transformer(from_config_dict(config.model)), jnp.ones((1, 4), jnp.int32)
+    saved = {}
+    for step in (1, 2, 3):
+        saved[step] = jax.device_get(model.init(jax.random.key(step), src, src)["params"])
+        save_params(os.path.join(workdir, CHECKPOINT_DIR), saved[step], step)
+    assert average_checkpoints(workdir, 2) == ([2, 3], os.path.join(workdir, "averaged"))
+    _, averaged, step = load_run(workdir, "averaged")
+    expected = jax.tree.map(lambda a, b: (a + b) / 2, saved[2], saved[3])
+    assert step == 3
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), averaged, expected)
+    with pytest.raises(ValueError, match="needs 4 checkpoints"):
+        average_checkpoints(workdir, 4)
+    mean = average_params([{"w": np.float32([1, 2])}, {"w": np.float32([2, 4])}])
+    assert mean["w"].dtype == np.float32 and mean["w"].tolist() == [1.5, 3.0]
