@@ -3,7 +3,7 @@
     python -m transformer_jax.plan --config configs/base.py --gpu h100 --topology 1x1x8 \\
         [--config.model.dtype=bfloat16 --config.model.attention_impl=cudnn] [--json PATH]
 
-Compiles the training step ``train.py`` would run (``train.parallel``'s pmap or shard_map
+Compiles the training step ``train.py`` would run (``train.parallel``'s pmap, shard_map or mesh
 over the topology's GPUs, the config's dtype, attention and batch shapes) and beam search,
 and prints per GPU: parameter, optimizer and temporary memory against the GPU's, the
 largest ``data.tokens_per_batch`` that fits, the collectives and cuDNN attention calls of
