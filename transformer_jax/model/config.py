@@ -18,7 +18,9 @@ from transformer_jax.options import (
 )
 
 NORMS = ("post", "pre")
-POSITIONALS = ("sinusoidal", "learned", "none")
+POSITIONALS = ("sinusoidal", "learned", "none", "rope", "alibi")
+FFNS = ("relu", "gelu", "glu", "geglu", "swiglu")
+NORM_TYPES = ("layer", "rms")
 REMATS = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -42,6 +44,11 @@ class TransformerConfig:
     pieces the shared vocabulary's first ``tgt_vocab_size``: the decoder reads and predicts
     only those rows (the tokenizer numbers pieces by target frequency for it).
 
+    ``positional='rope'`` / ``'alibi'`` (rotary or linear-bias scores, no added positions),
+    ``ffn`` ('gelu', or gated 'glu' / 'geglu' / 'swiglu') and ``norm_type='rms'`` name
+    pieces of :mod:`transformer_jax.model.variants` for ``Transformer``, ``Encoder`` and
+    ``Decoder`` (the layers take theirs as given); a piece given to the module wins.
+
     ``platform`` is the platform the program is for ('auto': JAX's default backend; a
     program lowered or exported for another platform names it); ``kernels`` picks the kernel set
     (:mod:`transformer_jax.kernels`): 'auto' is 'cpu' on the CPU platform and 'xla'
@@ -63,8 +70,10 @@ class TransformerConfig:
     attention_dropout_rate: float = 0.0  # not in the paper; tensor2tensor used 0.1 later
     word_dropout_rate: float = 0.0  # not in the paper: whole input tokens' embeddings zeroed
     max_len: int = 512
-    positional: str = "sinusoidal"  # 'none': no added positions (e.g. a RoPE or ALiBi score_fn)
+    positional: str = "sinusoidal"  # added: 'sinusoidal' | 'learned'; scores: 'rope' | 'alibi'
     norm: str = "post"
+    ffn: str = "relu"  # Eq. 2 with 'relu' (paper) | 'gelu'; gated: 'glu' | 'geglu' | 'swiglu'
+    norm_type: str = "layer"  # 'layer': LayerNorm (paper) | 'rms': RMSNorm
     share_embeddings: bool = True  # one source/target embedding matrix (§3.4)
     tie_output: bool = True  # pre-softmax linear = target embedding^T (§3.4)
     pad_id: int = 0
@@ -100,6 +109,8 @@ class TransformerConfig:
         _choice("norm", self.norm, NORMS)
         _choice("remat", self.remat, REMATS)
         _choice("positional", self.positional, POSITIONALS)
+        _choice("ffn", self.ffn, FFNS)
+        _choice("norm_type", self.norm_type, NORM_TYPES)
         _choice("attention_impl", self.attention_impl, ATTENTION_IMPLS)
         _choice("matmul_precision", self.matmul_precision, MATMUL_PRECISIONS)
         _choice("kernels", self.kernels, KERNELS)
@@ -123,6 +134,16 @@ class TransformerConfig:
                 f"attention_impl={self.attention_impl!r} computes no explicit weights: it needs "
                 "attention_dropout_rate=0 and sow_attention_weights=False"
             )
+        if self.positional in ("rope", "alibi") and self.attention_impl != "reference":
+            raise ValueError(
+                f"positional={self.positional!r} changes the attention scores: it needs "
+                f"attention_impl='reference', got {self.attention_impl!r}"
+            )
+        if self.positional == "rope" and self.head_qk_dim % 2:
+            raise ValueError(
+                f"positional='rope' rotates pairs of d_k: it needs an even d_k, got "
+                f"{self.head_qk_dim}"
+            )
         if self.share_embeddings and self.src_vocab < self.tgt_vocab:
             raise ValueError(
                 "share_embeddings=True needs tgt_vocab_size <= src_vocab_size (the target "
@@ -139,6 +160,12 @@ class TransformerConfig:
     @property
     def tgt_vocab(self) -> int:
         return self.tgt_vocab_size or self.vocab_size
+
+    @property
+    def added_positions(self) -> str:
+        """What is added to the embeddings: 'sinusoidal' | 'learned' | 'none' (RoPE and ALiBi
+        enter the scores instead)."""
+        return self.positional if self.positional in ("sinusoidal", "learned") else "none"
 
     @property
     def target_platform(self) -> str:
