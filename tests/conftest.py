@@ -109,7 +109,7 @@ REDUNDANT_HEAVY = {
 # Heavy tests with a property of their own, marked slow here: CI runs them after the default
 # run (``.ci/run``: ``pytest -m slow``). A name without brackets covers all its parameters.
 HEAVY_RUN_BY_CI = {
-    "tests/test_notebooks.py::test_notebook_executes": "six fresh kernels, a training run",
+    "tests/test_notebooks.py::test_notebook_executes": "seven fresh kernels, training runs",
     "tests/training/test_loop.py::"
     "test_sigkill_then_resume_matches_an_uninterrupted_run_and_sigterm_saves": (
         "three train.py processes and a 120-step reference run"

@@ -1,8 +1,10 @@
 """The model's injection points with the shipped variants (RoPE, ALiBi, SwiGLU / GEGLU,
 GELU, RMSNorm): each is used, cached decoding equals the full pass, every decoding helper
 and introspection runs on the module, scanned layers take them, and relative positions see
-only the distance between absolute positions (also in packed rows)."""
+only the distance between absolute positions (also in packed rows). The config's names
+for them (``positional``, ``ffn``, ``norm_type``) build the same models."""
 
+import dataclasses
 import functools
 
 import jax
@@ -15,6 +17,7 @@ import transformer_jax as tj
 from transformer_jax.analysis.introspection import attention_maps, hidden_states
 from transformer_jax.inference import decoding
 from transformer_jax.model import variants
+from transformer_jax.model.config import FFNS, NORM_TYPES, POSITIONALS
 
 CFG = TINY_CONFIG.replace(vocab_size=11, dropout_rate=0.0, max_len=24, positional="none")
 SRC = jnp.array([[4, 5, 4, 5, 3], [5, 4, 3, 0, 0], [4, 3, 0, 0, 0]], jnp.int32)
@@ -187,3 +190,78 @@ def test_params_of_another_config_name_the_mismatch():
         decoding.beam_search(CFG.replace(d_ff=64), params, SRC)
     with pytest.raises(ValueError, match="has no 'decoder/layer_0/ffn/gate/kernel'"):
         decoding.greedy_search(tj.Transformer(CFG, ffn=variants.GatedFeedForward), params, SRC)
+
+
+BASE = CFG.replace(positional="sinusoidal")
+GLU = functools.partial(variants.GatedFeedForward, activation=jax.nn.sigmoid)
+NAMED = {  # config field -> the pieces given to the module for the same model
+    "positional=rope": (dict(positional="rope"), CFG, dict(score_fn=variants.rope)),
+    "positional=alibi": (dict(positional="alibi"), CFG, dict(score_fn=variants.alibi)),
+    "ffn=gelu": (dict(ffn="gelu"), BASE, dict(ffn=variants.gelu_feed_forward)),
+    "ffn=glu": (dict(ffn="glu"), BASE, dict(ffn=GLU)),
+    "ffn=geglu": (dict(ffn="geglu"), BASE, dict(ffn=GEGLU)),
+    "ffn=swiglu": (dict(ffn="swiglu"), BASE, dict(ffn=variants.GatedFeedForward)),
+    "norm_type=rms": (
+        dict(norm_type="rms", norm="pre"),
+        BASE.replace(norm="pre"),
+        dict(norm=variants.rms_norm),
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(n, marks=pytest.mark.slow) if n in ("ffn=glu", "ffn=gelu") else n for n in NAMED],
+)
+def test_a_named_variant_is_its_module_trains_and_decodes_over_its_cache(name):
+    """``TransformerConfig(positional=..., ffn=..., norm_type=...)`` builds the model the
+    variant's module gives, one train step moves every parameter, and cached decoding
+    equals the full pass."""
+    fields, config, pieces = NAMED[name]
+    named = tj.Transformer(BASE.replace(**fields))
+    params = init(named)
+    full = jax.jit(named.apply)({"params": params}, SRC, TGT)
+    given = jax.jit(tj.Transformer(config, **pieces).apply)({"params": params}, SRC, TGT)
+    np.testing.assert_allclose(given, full, atol=1e-6)
+    if jax.tree.structure(params) == jax.tree.structure(init(tj.Transformer(BASE))):
+        paper = tj.Transformer(BASE).apply({"params": params}, SRC, TGT)
+        assert np.abs(np.asarray(full - paper)).max() > 1e-3  # not the paper's model
+    real = np.asarray(TGT != 0)
+    np.testing.assert_allclose(np.asarray(cached_logits(named, params))[real],
+                               np.asarray(full)[real], atol=ATOL)  # fmt: skip
+
+    batch = tj.training.make_batch(SRC.tolist(), TGT.tolist())
+    tx = tj.training.transformer_optimizer(tj.training.transformer_schedule(CFG.d_model, 10))
+    state = tj.training.create_train_state(params, tx, jax.random.key(1))
+    state, metrics = jax.jit(functools.partial(tj.training.train_step, model=named))(state, batch)
+    assert np.isfinite(float(metrics["loss"]))
+    moved = jax.tree.map(lambda a, b: bool(np.any(a != b)), params, state.params)
+    assert all(jax.tree.leaves(moved))
+
+
+@pytest.mark.parametrize(
+    "fields, match",
+    [
+        (dict(ffn="reglu"), r"ffn must be one of \('relu', 'gelu', 'glu', 'geglu', 'swiglu'\)"),
+        (dict(norm_type="batch"), r"norm_type must be one of \('layer', 'rms'\)"),
+        (dict(positional="rotary"), "positional must be one of"),
+        (dict(positional="alibi", attention_impl="fused"), "needs attention_impl='reference'"),
+        (dict(positional="rope", qk_dim=7, v_dim=8), "needs an even d_k, got 7"),
+    ],
+)
+def test_an_unknown_or_unfit_name_is_one_line(fields, match):
+    with pytest.raises(ValueError, match=match) as error:
+        BASE.replace(**fields)
+    assert "\n" not in str(error.value)
+    with pytest.raises(ValueError, match=match):  # as train.py reads config.model
+        tj.model.config.from_config_dict({**dataclasses.asdict(BASE), **fields})
+
+
+def test_every_name_resolves_and_a_given_module_wins():
+    assert tuple(variants.FFNS) == FFNS and tuple(variants.NORM_TYPES) == NORM_TYPES
+    assert set(variants.SCORES) == set(POSITIONALS) - {"sinusoidal", "learned", "none"}
+    shapes = jax.eval_shape(
+        tj.Transformer(BASE.replace(ffn="swiglu"), ffn=tj.FeedForward).init,
+        jax.random.key(0), SRC, TGT,
+    )  # fmt: skip
+    assert set(shapes["params"]["encoder"]["layer_0"]["ffn"]) == {"w1", "w2"}

@@ -78,7 +78,7 @@ def losses(workdir):
     return {r["step"]: (r["loss"], r["accuracy"]) for r in read_metrics(workdir) if "loss" in r}
 
 
-def run_train(config_path, workdir, wait=True):
+def run_train(config_path, workdir, wait=True, overrides=()):
     # XLA's default vector width, which this process compiles with (train.py would choose
     # 512 on AVX-512): one compilation cache, and losses equal to in-process runs' bits.
     flags = os.environ.get("XLA_FLAGS", "")
@@ -90,6 +90,7 @@ def run_train(config_path, workdir, wait=True):
         os.path.join(ROOT, "train.py"),
         f"--config={config_path}",
         f"--workdir={workdir}",
+        *overrides,
     ]
     proc = subprocess.Popen(
         cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -106,6 +107,25 @@ def wait_for(predicate, proc, timeout=120):
         assert proc.poll() is None, proc.stdout.read()
         assert time.time() < end, "timed out"
         time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_train_py_trains_the_variants_the_config_names(prepared, tmp_path):
+    """``--config.model.positional=rope --config.model.ffn=swiglu
+    --config.model.norm_type=rms``: the run trains and saves that model."""
+    _, config_path = micro_config(tmp_path, steps=2, every=2)
+    workdir = workdir_from(prepared, tmp_path / "run")
+    names = ["--config.model.positional=rope", "--config.model.ffn=swiglu"]
+    code, out = run_train(config_path, workdir, overrides=[*names, "--config.model.norm_type=rms"])
+    assert code == 0, out[-3000:]
+    config, params, step = checkpoints.load_run(workdir)
+    assert step == 2
+    assert (config.model.positional, config.model.ffn, config.model.norm_type) == (
+        "rope", "swiglu", "rms"
+    )  # fmt: skip
+    layer = params["decoder"]["layer_0"]
+    assert set(layer["ffn"]) == {"gate", "value", "out"}  # SwiGLU
+    assert set(layer["ffn_block"]["RMSNorm_0"]) == {"scale"}  # RMSNorm: no bias
 
 
 def test_train_end_to_end_then_resume_says_complete(prepared, tmp_path, capsys):

@@ -32,7 +32,9 @@ from transformer_jax.options import (
 )
 
 NORMS = ("post", "pre")
-POSITIONALS = ("sinusoidal", "learned", "none")
+POSITIONALS = ("sinusoidal", "learned", "none", "rope", "alibi")
+FFNS = ("relu", "gelu", "glu", "geglu", "swiglu")
+NORM_TYPES = ("layer", "rms")
 REMATS = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -68,6 +70,11 @@ class TransformerConfig:
     With shared embeddings, ``tgt_vocab_size`` below ``vocab_size`` makes the target side's
     pieces the shared vocabulary's first ``tgt_vocab_size``: the decoder reads and predicts
     only those rows (the tokenizer numbers pieces by target frequency for it).
+
+    ``positional='rope'`` / ``'alibi'`` (rotary or linear-bias scores, no added positions),
+    ``ffn`` ('gelu', or gated 'glu' / 'geglu' / 'swiglu') and ``norm_type='rms'`` name
+    pieces of :mod:`transformer_jax.model.variants` for ``Transformer``, ``Encoder`` and
+    ``Decoder`` (the layers take theirs as given); a piece given to the module wins.
 
     ``platform`` is the platform the program is for ('auto': JAX's default backend; a
     program lowered or exported for another platform names it); ``kernels`` picks the kernel set
@@ -109,9 +116,19 @@ class TransformerConfig:
     )
     max_len: int = setting(512, "positions the model encodes: the longest sequence", integer(1))
     positional: str = setting(
-        "sinusoidal", "added positions; 'none' for a RoPE or ALiBi score_fn", one_of(*POSITIONALS)
+        "sinusoidal",
+        "added: 'sinusoidal' (paper), 'learned', 'none'; in the scores: 'rope', 'alibi'",
+        one_of(*POSITIONALS),
     )
     norm: str = setting("post", "'post': LayerNorm(x + sublayer(x)) (paper); 'pre'", one_of(*NORMS))
+    ffn: str = setting(
+        "relu",
+        "Eq. 2 with 'relu' (paper) or 'gelu'; gated: 'glu', 'geglu', 'swiglu'",
+        one_of(*FFNS),
+    )
+    norm_type: str = setting(
+        "layer", "'layer': LayerNorm (paper); 'rms': RMSNorm", one_of(*NORM_TYPES)
+    )
     share_embeddings: bool = setting(True, "one source/target embedding matrix (§3.4)", FLAG)
     tie_output: bool = setting(True, "pre-softmax linear = target embedding^T (§3.4)", FLAG)
     pad_id: int = setting(0, "the padding token's id", integer(0))
@@ -179,6 +196,16 @@ class TransformerConfig:
                 f"attention_impl={self.attention_impl!r} computes no explicit weights: it needs "
                 "attention_dropout_rate=0 and sow_attention_weights=False"
             )
+        if self.positional in ("rope", "alibi") and self.attention_impl != "reference":
+            raise ValueError(
+                f"positional={self.positional!r} changes the attention scores: it needs "
+                f"attention_impl='reference', got {self.attention_impl!r}"
+            )
+        if self.positional == "rope" and self.head_qk_dim % 2:
+            raise ValueError(
+                f"positional='rope' rotates pairs of d_k: it needs an even d_k, got "
+                f"{self.head_qk_dim}"
+            )
         if self.share_embeddings and self.src_vocab < self.tgt_vocab:
             raise ValueError(
                 "share_embeddings=True needs tgt_vocab_size <= src_vocab_size (the target "
@@ -195,6 +222,12 @@ class TransformerConfig:
     @property
     def tgt_vocab(self) -> int:
         return self.tgt_vocab_size or self.vocab_size
+
+    @property
+    def added_positions(self) -> str:
+        """What is added to the embeddings: 'sinusoidal' | 'learned' | 'none' (RoPE and ALiBi
+        enter the scores instead)."""
+        return self.positional if self.positional in ("sinusoidal", "learned") else "none"
 
     @property
     def target_platform(self) -> str:

@@ -6,7 +6,8 @@ latter also run one position at a time over the KV cache (``config.decode=True``
 Optional ``*_segments`` / ``*_positions`` describe packed sequences (segment 0 = pad).
 
 The layers' pieces are module attributes, the paper's by default (Flax style: pass a module
-class or a callable): ``Transformer(config, ffn=..., norm=..., score_fn=...)``, and
+class or a callable): ``Transformer(config, ffn=..., norm=..., score_fn=...)``, else the
+ones ``config`` names (``positional``, ``ffn``, ``norm_type``; the paper's by default), and
 ``encoder_layer`` / ``decoder_layer`` (``layer`` on :class:`Encoder` / :class:`Decoder`) for
 a whole layer class (:mod:`transformer_jax.model.layers`, :mod:`transformer_jax.model.variants`).
 ``inputs_embeds`` (``src_embeds`` / ``tgt_embeds``) feed embeddings in place of the ids'; each
@@ -35,12 +36,11 @@ from transformer_jax.model.layers import (
     DecoderLayer,
     Dropout,
     EncoderLayer,
-    FeedForward,
     Norm,
-    layer_norm,
     sow_hidden,
 )
 from transformer_jax.model.partitioning import LAYERS, constrain, logical
+from transformer_jax.model.variants import named_pieces
 
 Array = jax.Array
 
@@ -94,6 +94,12 @@ def remat(config: TransformerConfig, layer: Any, deterministic_argnum: int) -> A
     )
 
 
+def _pieces(module: Encoder | Decoder) -> tuple[FFN, Norm, ScoreFn | None]:
+    """The module's ffn, norm and score_fn, each the config's named one where not given."""
+    ffn, norm, score_fn = named_pieces(module.config)
+    return module.ffn or ffn, module.norm or norm, module.score_fn or score_fn
+
+
 def _where(positions: Array | None, segments: Array | None, length: int) -> Where:
     """The absolute positions (default 0..length-1) and segments a score hook sees."""
     positions = jnp.arange(length)[None] if positions is None else positions
@@ -121,8 +127,8 @@ class Encoder(nn.Module):
     config: TransformerConfig
     embed: Embed | None = None  # shared embedding; a fresh one when None
     layer: Callable[..., nn.Module] = EncoderLayer
-    ffn: FFN = FeedForward
-    norm: Norm = layer_norm
+    ffn: FFN | None = None  # None: the one config names (module doc)
+    norm: Norm | None = None
     score_fn: ScoreFn | None = None
     check_ids: bool = False
 
@@ -141,18 +147,17 @@ class Encoder(nn.Module):
         embed = self.embed or _embed(cfg, cfg.src_vocab, "embed")
         x = embed(src) if inputs_embeds is None else inputs_embeds
         x = AddPositions(
-            cfg.max_len, cfg.positional, param_dtype=cfg.param_dtype, name="positions"
+            cfg.max_len, cfg.added_positions, param_dtype=cfg.param_dtype, name="positions"
         )(word_dropout(cfg, x, deterministic), positions)
         x = Dropout(cfg.dropout_rate, cfg.kernel_set)(x, deterministic)
         sow_hidden(self, "embedded", x)
         mask = None if src is None and segments is None else encoder_mask(src, cfg.pad_id, segments)
-        where = None if self.score_fn is None else _where(positions, segments, x.shape[1])
+        ffn, norm, score_fn = _pieces(self)
+        where = None if score_fn is None else _where(positions, segments, x.shape[1])
         layer = remat(cfg, self.layer, 3)  # (self, x, mask, deterministic, where)
         x = layer_stack(
             cfg,
-            lambda name: layer(
-                cfg, ffn=self.ffn, norm=self.norm, score_fn=self.score_fn, name=name
-            ),
+            lambda name: layer(cfg, ffn=ffn, norm=norm, score_fn=score_fn, name=name),
             cfg.num_encoder_layers,
             x,
             mask,
@@ -160,7 +165,7 @@ class Encoder(nn.Module):
             where,
         )
         if cfg.norm == "pre":
-            x = self.norm(cfg, name="final_norm")(x)
+            x = norm(cfg, name="final_norm")(x)
         return x
 
 
@@ -175,8 +180,8 @@ class Decoder(nn.Module):
     config: TransformerConfig
     embed: Embed | None = None
     layer: Callable[..., nn.Module] = DecoderLayer
-    ffn: FFN = FeedForward
-    norm: Norm = layer_norm
+    ffn: FFN | None = None  # None: the one config names (module doc)
+    norm: Norm | None = None
     score_fn: ScoreFn | None = None
     check_ids: bool = False
 
@@ -200,7 +205,7 @@ class Decoder(nn.Module):
         x = embed(tgt_in) if inputs_embeds is None else inputs_embeds
         x = AddPositions(
             cfg.max_len,
-            cfg.positional,
+            cfg.added_positions,
             decode=cfg.decode,
             param_dtype=cfg.param_dtype,
             name="positions",
@@ -219,13 +224,12 @@ class Decoder(nn.Module):
             if src is None:
                 raise ValueError("decoding against `encoded` needs `src` token ids for its mask")
             cross_mask = cross_attention_mask(src, cfg.pad_id, src_segments, tgt_segments)
-        where = None if self.score_fn is None else _where(tgt_positions, tgt_segments, x.shape[1])
+        ffn, norm, score_fn = _pieces(self)
+        where = None if score_fn is None else _where(tgt_positions, tgt_segments, x.shape[1])
         layer = remat(cfg, self.layer, 5)  # (self, x, self_mask, encoded, cross_mask, det., where)
         x = layer_stack(
             cfg,
-            lambda name: layer(
-                cfg, ffn=self.ffn, norm=self.norm, score_fn=self.score_fn, name=name
-            ),
+            lambda name: layer(cfg, ffn=ffn, norm=norm, score_fn=score_fn, name=name),
             cfg.num_decoder_layers,
             x,
             self_mask,
@@ -235,7 +239,7 @@ class Decoder(nn.Module):
             where,
         )
         if cfg.norm == "pre":
-            x = self.norm(cfg, name="final_norm")(x)
+            x = norm(cfg, name="final_norm")(x)
 
         if cfg.tie_output:
             logits = embed.attend(x, cfg.tgt_vocab)
@@ -317,8 +321,8 @@ class Transformer(nn.Module):
     config: TransformerConfig
     encoder_layer: Callable[..., nn.Module] = EncoderLayer
     decoder_layer: Callable[..., nn.Module] = DecoderLayer
-    ffn: FFN = FeedForward
-    norm: Norm = layer_norm
+    ffn: FFN | None = None  # None: the one config names (module doc)
+    norm: Norm | None = None
     score_fn: ScoreFn | None = None
     check_ids: bool = False
 

@@ -10,6 +10,9 @@ norm=rms_norm)``:
 - ``ffn``: :class:`GatedFeedForward` (SwiGLU, or GEGLU with ``activation=jax.nn.gelu``;
   Shazeer 2020) and :data:`gelu_feed_forward` (Eq. 2 with GELU, Hendrycks & Gimpel 2016);
 - ``norm``: :func:`rms_norm` (Zhang & Sennrich 2019).
+
+:func:`named_pieces` gives the pieces ``TransformerConfig``'s ``positional``, ``ffn`` and
+``norm_type`` name, so that a run's config chooses them without code.
 """
 
 from __future__ import annotations
@@ -21,9 +24,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer_jax.model.attention import Where
+from transformer_jax.model.attention import ScoreFn, Where
 from transformer_jax.model.config import TransformerConfig
-from transformer_jax.model.layers import FeedForward, dense
+from transformer_jax.model.layers import FFN, FeedForward, Norm, dense, layer_norm
 from transformer_jax.model.partitioning import logical
 
 Array = jax.Array
@@ -90,3 +93,19 @@ def rms_norm(config: TransformerConfig, name: str | None = None) -> nn.RMSNorm:
         scale_init=logical(nn.initializers.ones, ("embed",)),
         name=name,
     )
+
+
+FFNS: dict[str, FFN] = {
+    "relu": FeedForward,
+    "gelu": gelu_feed_forward,
+    "glu": functools.partial(GatedFeedForward, activation=jax.nn.sigmoid),
+    "geglu": functools.partial(GatedFeedForward, activation=jax.nn.gelu),
+    "swiglu": GatedFeedForward,
+}
+NORM_TYPES: dict[str, Norm] = {"layer": layer_norm, "rms": rms_norm}
+SCORES: dict[str, ScoreFn] = {"rope": rope, "alibi": alibi}
+
+
+def named_pieces(config: TransformerConfig) -> tuple[FFN, Norm, ScoreFn | None]:
+    """The FFN, norm and score function (``None``: the paper's) ``config`` names."""
+    return FFNS[config.ffn], NORM_TYPES[config.norm_type], SCORES.get(config.positional)
