@@ -52,6 +52,11 @@ def test_run_info_counts_pairs_batches_and_tokens_with_their_eos():
         "2 training pairs (1 longer than data.max_len=4 dropped), 1 batches per epoch; "
         "vocabulary 300; "
     )
+    packed = run_info(
+        config, 300, TrainIterator(Batcher(pairs, tokens_per_batch=8, max_len=4, packing=True))
+    )
+    assert packed["batches_per_epoch"] is None  # packed batches are planned as they are read
+    assert ", packed batches per epoch; " in describe_run_info(packed)
 
 
 def test_run_info_round_trip_and_missing_file(tmp_path):
