@@ -300,12 +300,18 @@ def test_packed_segments_are_isolated_in_the_model():
         np.testing.assert_allclose(logits[:, mask], alone, atol=1e-5)
 
 
-def test_pipeline_encodes_targets_with_the_first_pieces(tmp_path):
+def test_pipeline_encodes_targets_with_the_first_pieces(tmp_path, monkeypatch):
     config = default_config().data
     config.update(source="synthetic", max_len=64, tokenizer_train_sentences=2000)
     workdir = str(tmp_path)
+    stream, reads = pipeline.stream_pairs, []
+    monkeypatch.setattr(
+        pipeline,
+        "stream_pairs",
+        lambda c, split, counts: reads.append(split) or stream(c, split, counts),
+    )
     limited = pipeline.get_tokenizer(config, workdir, 500, target_vocab_size=100)
-    assert limited.target_vocab_size == 100
+    assert limited.target_vocab_size == 100 and reads == ["train"]  # one pass: both orders
     encoded = pipeline.encoded_split(config, "validation", limited, workdir)
     assert encoded.tgt.max() < 100 <= encoded.src.max()
     pairs = synthetic_pairs("validation")
@@ -321,8 +327,11 @@ def test_pipeline_encodes_targets_with_the_first_pieces(tmp_path):
     unnumbered = pipeline.get_tokenizer(config, plain, 500)
     assert unnumbered.model_proto != limited.model_proto
     again = pipeline.get_tokenizer(config, plain, 500, target_vocab_size=100)
+    reads.clear()
     with pytest.raises(ValueError, match=r"tokenizer.model does not number .*tgt_vocab_size=100"):
         pipeline.encoded_split(config, "train", again, plain)
+    assert reads == ["train"]  # checked in the pass that encodes, whose output is removed
+    assert not [f for f in os.listdir(os.path.join(plain, "data_cache")) if f.startswith("train")]
     assert pipeline.encoded_split(config, "train", limited, workdir).tgt.max() < 100
 
 

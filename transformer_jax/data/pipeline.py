@@ -16,6 +16,8 @@ import itertools
 import json
 import os
 import shutil
+from collections import Counter
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import jax
@@ -31,6 +33,7 @@ from transformer_jax.data.prepared import (
     write_split,
 )
 from transformer_jax.data.sources import (
+    Pair,
     ReadCounts,
     count_pairs,
     load_pairs,
@@ -48,9 +51,12 @@ TOKENIZER_FILE = "tokenizer.model"
 CACHE_DIR = "data_cache"
 
 
-def _side(data_config: Any, split: str, side: int) -> Any:
-    """One side (0 source, 1 target) of the pairs of ``split``, streamed."""
-    return (pair[side] for pair in stream_pairs(data_config, split, ReadCounts()))
+def _count_target_words(pairs: Iterable[Pair], words: Counter[str]) -> Iterator[Pair]:
+    """``pairs`` as they come, adding how often each word of the targets (split at spaces)
+    occurs to ``words``, for ``order_by_frequency`` in the same pass over the split."""
+    for pair in pairs:
+        words.update(pair[1].split(" "))
+        yield pair
 
 
 def get_tokenizer(
@@ -61,28 +67,29 @@ def get_tokenizer(
     At most ``data.tokenizer_train_sentences`` sentences are kept, a reservoir sample of
     the streamed split. The vocabulary may come out smaller than ``vocab_size`` on a small
     corpus (see ``Tokenizer.vocab_size``). With ``target_vocab_size`` below ``vocab_size``
-    its pieces are numbered by frequency on the target side (a second pass over the split)
-    and targets are encoded with the first ``target_vocab_size``.
+    its pieces are numbered by frequency on the target side (its words counted in the same
+    pass over the split) and targets are encoded with the first ``target_vocab_size``.
     """
     path = os.path.join(workdir, TOKENIZER_FILE)
     if os.path.isfile(path):
         return load_tokenizer(path, target_vocab_size)
     split, counts = data_config.train_split, ReadCounts()
-    targets = None
-    if target_vocab_size is not None and target_vocab_size < vocab_size:
-        targets = _side(data_config, split, 1)
     pairs = stream_pairs(data_config, split, counts)
     if data_config.source == "tfds":  # kept for encoding: TFDS is read once
         spool = _spool_path(data_config, split, workdir)
         os.makedirs(os.path.dirname(spool), exist_ok=True)
         pairs = spool_pairs(pairs, spool, counts)
+    target_words = None
+    if target_vocab_size is not None and target_vocab_size < vocab_size:
+        target_words = Counter()
+        pairs = _count_target_words(pairs, target_words)
     return train_tokenizer(
         itertools.chain.from_iterable(pairs),
         path,
         vocab_size,
         max_sentences=data_config.tokenizer_train_sentences,
         seed=data_config.seed,
-        targets=targets,
+        target_words=target_words,
         target_vocab_size=target_vocab_size,
     )
 
@@ -157,10 +164,13 @@ def sample_sources(
     return plain.with_sources(tokenizer.encode_sampled(sources, dropout, sample_seed))
 
 
-def _check_target_order(data_config: Any, split: str, tokenizer: Tokenizer, workdir: str) -> None:
-    """ValueError unless the tokenizer numbers its pieces for the targets of ``split``."""
-    targets = _side(data_config, split, 1)
-    if order_by_frequency(tokenizer.model_proto, targets) != tokenizer.model_proto:
+def _check_target_order(
+    split: str, tokenizer: Tokenizer, workdir: str, words: Counter[str], path: str
+) -> None:
+    """ValueError (and the prepared split at ``path`` removed) unless the tokenizer numbers
+    its pieces for the target ``words`` of ``split``."""
+    if order_by_frequency(tokenizer.model_proto, words) != tokenizer.model_proto:
+        shutil.rmtree(path, ignore_errors=True)
         raise ValueError(
             f"{os.path.join(workdir, TOKENIZER_FILE)} does not number its pieces for the "
             f"targets of {split!r}, so model.tgt_vocab_size={tokenizer.target_vocab_size} "
@@ -185,12 +195,14 @@ def prepare_split(
         except ValueError as e:
             print(f"warning: {e}; rebuilding it")
             shutil.rmtree(path, ignore_errors=True)
-    if split == data_config.train_split and tokenizer.target_vocab_size is not None:
-        _check_target_order(data_config, split, tokenizer, workdir)
-    counts = ReadCounts()
+    counts, words = ReadCounts(), Counter()
+    pairs = _pairs(data_config, split, workdir, counts)
+    checked = split == data_config.train_split and tokenizer.target_vocab_size is not None
+    if checked:  # the words of the pass that encodes
+        pairs = _count_target_words(pairs, words)
     info = write_split(
         path,
-        _pairs(data_config, split, workdir, counts),
+        pairs,
         counts,
         lambda chunk: encode_pairs(tokenizer, chunk),
         tokenizer.vocab_size,
@@ -198,6 +210,8 @@ def prepare_split(
         total=count_pairs(data_config, split),
         desc=f"preparing {split}",
     )
+    if checked:
+        _check_target_order(split, tokenizer, workdir, words, path)
     if data_config.source == "tfds":
         shutil.rmtree(_spool_path(data_config, split, workdir), ignore_errors=True)
     print(
