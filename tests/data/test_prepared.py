@@ -316,3 +316,32 @@ def test_data_dir_must_be_a_directory(tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(ValueError, match=r"^data\.data_dir='.*file' is not a directory$"):
         validate_config(config)
+
+
+def test_bpe_dropout_reads_the_sources_mapped_from_the_prepared_split(tmp_path):
+    config = data_config(source="text", text_dir=write_corpus(tmp_path))
+    workdir = str(tmp_path / "run")
+    tokenizer = pipeline.get_tokenizer(config, workdir, 400)
+    pipeline.train_iterator(config, workdir, tokenizer, num_shards=2)
+    path = pipeline.prepared_path(config, "train", tokenizer, workdir)
+    assert prepared.open_sources(path) is None  # without dropout the split is as before
+    config.bpe_dropout = 0.1
+    iterator = pipeline.train_iterator(config, workdir, tokenizer, num_shards=2)
+    sources = prepared.open_sources(path)
+    assert all(isinstance(a, np.memmap) for a in sources)
+    expected = [s for s, _ in load_pairs(config, "train")]
+    assert prepared.source_texts(sources, 0, len(expected)) == expected
+    assert prepared.source_texts(sources, 5, 9) == expected[5:9]
+
+    plain = pipeline.encoded_split(config, "train", tokenizer, workdir)
+    sampled = pipeline.sample_sources(tokenizer, sources, plain, 0.1, 0, 3, chunk_pairs=1000)
+    for k in range(3):  # chunk k of 1,000 sentences sampled with its seed of (0, 3, k)
+        seed = int(np.random.default_rng([0, 3, k]).integers(2**31))
+        ids = tokenizer.encode_sampled(expected[1000 * k : 1000 * (k + 1)], 0.1, seed)
+        assert [sampled.source(1000 * k + i).tolist() for i in range(len(ids))] == ids
+    assert sampled.src.dtype == plain.src.dtype and len(sampled.src) > len(plain.src)
+    assert [tokenizer.decode(sampled.source(i).tolist()) for i in range(50)] == expected[:50]
+    np.testing.assert_array_equal(sampled.tgt, plain.tgt)
+    epoch = iterator.batcher.pairs  # the iterator's first epoch: sampled likewise
+    again = pipeline.sample_sources(tokenizer, sources, plain, 0.1, config.seed, 0)
+    np.testing.assert_array_equal(epoch.src, again.src)

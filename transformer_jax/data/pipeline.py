@@ -27,16 +27,18 @@ from transformer_jax.data.batching import Batch, Batcher, EncodedPairs, TrainIte
 from transformer_jax.data.prepared import (
     CHUNK_PAIRS,
     check_vocabulary,
+    open_sources,
     open_split,
     read_spool,
+    source_texts,
     spool_pairs,
+    write_sources,
     write_split,
 )
 from transformer_jax.data.sources import (
     Pair,
     ReadCounts,
     count_pairs,
-    load_pairs,
     stream_pairs,
     text_path,
 )
@@ -151,17 +153,45 @@ def encode_pairs(tokenizer: Tokenizer, pairs: list[tuple[str, str]]) -> EncodedP
 
 def sample_sources(
     tokenizer: Tokenizer,
-    sources: list[str],
+    sources: tuple[np.ndarray, np.ndarray],
     plain: EncodedPairs,
     dropout: float,
     seed: int,
     epoch: int,
+    chunk_pairs: int = CHUNK_PAIRS,
 ) -> EncodedPairs:
-    """``plain`` (the pairs of ``sources``) with the sources under BPE-dropout, sampled anew
-    for each ``(seed, epoch)``; the targets keep the one segmentation the model is scored and
-    decodes in."""
-    sample_seed = int(np.random.default_rng([seed, epoch]).integers(2**31))
-    return plain.with_sources(tokenizer.encode_sampled(sources, dropout, sample_seed))
+    """``plain`` with its sources (``open_sources``' bytes and offsets) under BPE-dropout,
+    sampled anew for each ``(seed, epoch)``, ``chunk_pairs`` sentences at a time (chunk k
+    with a seed of ``(seed, epoch, k)``); the targets keep the one segmentation the model is
+    scored and decodes in."""
+
+    def chunks() -> Iterator[list[list[int]]]:
+        for k, first in enumerate(range(0, len(plain), chunk_pairs)):
+            texts = source_texts(sources, first, min(first + chunk_pairs, len(plain)))
+            sample_seed = int(np.random.default_rng([seed, epoch, k]).integers(2**31))
+            yield tokenizer.encode_sampled(texts, dropout, sample_seed)
+
+    return plain.with_sources(chunks())
+
+
+def prepared_sources(
+    data_config: Any, tokenizer: Tokenizer, workdir: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """The source sentences of the prepared training split (for BPE-dropout), memory-mapped;
+    written into it first if absent."""
+    split = data_config.train_split
+    path = prepare_split(data_config, split, tokenizer, workdir)
+    if open_sources(path) is None:
+        write_sources(path, _pairs(data_config, split, workdir, ReadCounts()))
+    sources = open_sources(path)
+    pairs = open_split(path)[1]["pairs"]
+    if sources is None or len(sources[1]) != pairs:
+        found = "none" if sources is None else len(sources[1])
+        raise ValueError(
+            f"{path}/sources holds {found} sentences for {pairs} pairs: delete that directory "
+            "to write it anew"
+        )
+    return sources
 
 
 def _check_target_order(
@@ -229,9 +259,12 @@ def run_splits(data_config: Any, final_test: bool) -> list[str]:
 
 
 def prepare_data(data_config: Any, workdir: str, tokenizer: Tokenizer, splits: list[str]) -> None:
-    """Prepare each of ``splits`` that is not prepared yet."""
+    """Prepare each of ``splits`` that is not prepared yet (with the training sources when
+    ``data.bpe_dropout`` resamples them)."""
     for split in dict.fromkeys(splits):
         prepare_split(data_config, split, tokenizer, workdir)
+    if data_config.bpe_dropout and data_config.train_split in splits:
+        prepared_sources(data_config, tokenizer, workdir)
 
 
 def encoded_split(data_config: Any, split: str, tokenizer: Tokenizer, workdir: str) -> EncodedPairs:
@@ -273,7 +306,7 @@ def train_iterator(
     encoded = encoded_split(data_config, data_config.train_split, tokenizer, workdir)
     resample = None
     if data_config.bpe_dropout:
-        sources = [s for s, _ in load_pairs(data_config, data_config.train_split)]
+        sources = prepared_sources(data_config, tokenizer, workdir)
         args = (tokenizer, sources, encoded, data_config.bpe_dropout, data_config.seed)
         resample = lambda epoch: sample_sources(*args, epoch)  # noqa: E731
     batcher = make_batcher(data_config, encoded, num_shards)
