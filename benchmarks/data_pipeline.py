@@ -11,7 +11,8 @@ Each stage then runs in its own process, timed and with its peak RSS (``ru_maxrs
 * ``encode``: ``prepare_split`` of the training split (chunks, then the memory-mapped
   arrays);
 * ``start bucketed`` / ``start packed``: a prepared run's start, ``train_iterator`` (mapping
-  the files, the first epoch's plan) and its first batch; "RSS added" is the process's
+  the files, the epoch's order and bucketed plan) and its first batch, in seconds and CPU
+  seconds (the process's, all threads); "RSS added" is the process's
   resident memory after it minus before it (imports done), "anon added" the part not
   pages of the mapped files (those are shared by a host's processes and evictable);
 * with ``--mapped N``, instead of all the above: ``mapped bucketed`` / ``mapped packed``,
@@ -155,13 +156,14 @@ def run_stage(stage: str, directory: str, vocab: int, batches: int, smoke: bool)
     else:
         mapped = stage.startswith("mapped")
         tokenizer = None if mapped else pipeline.get_tokenizer(config, workdir, vocab)
-        before, start = rss_bytes(), time.perf_counter()
+        before, start, cpu = rss_bytes(), time.perf_counter(), time.process_time()
         if stage == "encode":
             pipeline.prepare_split(config, "train", tokenizer, workdir)
         else:
             iterator = start_run(stage, directory, config, tokenizer)
             next(iterator)
             record["seconds"] = time.perf_counter() - start
+            record["cpu_seconds"] = time.process_time() - cpu  # this process, all threads
             (resident, anon), (resident_before, anon_before) = rss_bytes(), before
             record["rss_added"], record["anon_added"] = (
                 resident - resident_before,
@@ -270,6 +272,7 @@ def rows_of(result: dict[str, Any]) -> list[list[Any]]:
                 f"{result['pairs']:,}",
                 stage,
                 record["seconds"],
+                record.get("cpu_seconds", float("nan")),
                 record["peak_rss"] / gib,
                 record.get("rss_added", float("nan")) / gib,
                 record.get("anon_added", float("nan")) / gib,
@@ -319,6 +322,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "pairs",
         "stage",
         "seconds",
+        "CPU seconds",
         "peak RSS GiB",
         "RSS added GiB",
         "anon added GiB",
