@@ -170,11 +170,13 @@ COLLECTIVES = textwrap.dedent(
 )
 
 
-def test_two_processes_agree_on_flags_and_receive_process_zeros_bytes():
+def run_two(script, *args, timeout=120):
+    """``script`` as processes 0 and 1 of two on 127.0.0.1 (argv: port, index, ``args``);
+    the line each printed starting with ``RESULT``."""
     port = free_port()
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", COLLECTIVES, str(port), str(i)],
+            [sys.executable, "-c", script, str(port), str(i), *args],
             env=cpu_env(),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -185,11 +187,20 @@ def test_two_processes_agree_on_flags_and_receive_process_zeros_bytes():
     outs = []
     try:
         for proc in procs:
-            outs.append(proc.communicate(timeout=120)[0])
+            outs.append(proc.communicate(timeout=timeout)[0])
     finally:
         for proc in procs:
             proc.kill()
-    results = [next(x for x in out.splitlines() if x.startswith("RESULT")) for out in outs]
+    results = []
+    for out in outs:
+        line = next((x for x in out.splitlines() if x.startswith("RESULT")), None)
+        assert line, out[-3000:]
+        results.append(line)
+    return results
+
+
+def test_two_processes_agree_on_flags_and_receive_process_zeros_bytes():
+    results = run_two(COLLECTIVES)
     assert results[0] == (
         "RESULT [(True, False, True), (True, False, True)] b'made by process 0' "
         "no training sentences"
@@ -577,29 +588,8 @@ def test_two_processes_translate_their_batches_and_each_gets_every_translation(t
     path = str(tmp_path / "tokenizer.model")
     words = "a dog the cat green field x y z runs over ein Hund die Katze grünes Feld".split()
     train_tokenizer([" ".join(words[i:] + words[:i]) for i in range(len(words))] * 4, path, 300)
-    port = free_port()
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", EVAL_TRANSLATIONS, str(port), str(i), path],
-            env=cpu_env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for i in range(2)
-    ]
-    outs = []
-    try:
-        for proc in procs:
-            outs.append(proc.communicate(timeout=240)[0])
-    finally:
-        for proc in procs:
-            proc.kill()
-    results = []
-    for out in outs:
-        line = next((x for x in out.splitlines() if x.startswith("RESULT ")), None)
-        assert line, out[-3000:]
-        results.append(json.loads(line.removeprefix("RESULT ")))
+    lines = run_two(EVAL_TRANSLATIONS, path, timeout=240)
+    results = [json.loads(line.removeprefix("RESULT ")) for line in lines]
     alone = results[0]["alone"]  # one process decoding every line on one device
     assert len(alone) == 27 and len(set(alone)) > 2
     assert [r["shared"] for r in results] == [alone, alone]
