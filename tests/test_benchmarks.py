@@ -263,6 +263,28 @@ def test_quality_parses_the_baselines_output():
         baseline.parse_torch_output(TORCH_OUTPUT.split("19:33:40")[0])
 
 
+def test_quality_counts_the_batches_of_a_packed_run(tmp_path):
+    from transformer_jax.data import pipeline
+    from transformer_jax.data.batching import TrainIterator
+    from transformer_jax.training.defaults import default_config
+
+    config = default_config()
+    config.data.update(source="synthetic", packing=True, tokens_per_batch=1024, max_len=64)
+    config.data.update(train_split="validation", tokenizer_train_sentences=2000)
+    (tmp_path / "config.json").write_text(config.to_json())
+    tokenizer = pipeline.get_tokenizer(config.data, str(tmp_path), 400)
+    encoded = pipeline.encoded_split(config.data, "validation", tokenizer, str(tmp_path))
+    batcher = pipeline.make_batcher(config.data, encoded, 2)
+    expected = len(TrainIterator(batcher, config.data.seed).epoch_plan(0))
+    assert (
+        _script("_quality_scores").batches_per_epoch(
+            str(tmp_path), {"batches_per_epoch": None, "devices": 2}
+        )
+        == expected
+        > 10
+    )
+
+
 def test_quality_reads_the_runs_files(tmp_path):
     from transformer_jax.training.logs import METRICS_FILE, write_run_info
 
