@@ -278,6 +278,7 @@ class TrainIterator(Iterator[Batch]):
         self.seed = seed
         self.resample = resample
         self._epoch: int | None = None
+        self._rng = np.random.default_rng([seed])
         self._order = np.zeros(0, np.int32)
         self._plan: list[Planned] | None = None
         self.pair = 0
@@ -320,7 +321,7 @@ class TrainIterator(Iterator[Batch]):
                     "run of an older version, which resumes only where an epoch starts"
                 )
             pair = int(state.get("pair", 0))
-            valid = epoch >= 0 and index >= 0 and 0 <= pair <= len(self.batcher.kept)
+            valid = epoch >= 0 and index >= 0 and 0 <= pair <= len(self._epoch_order(epoch))
         else:
             valid = epoch >= 0 and 0 <= index <= len(self.epoch_plan(epoch))
             pair = 0
