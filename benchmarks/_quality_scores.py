@@ -11,13 +11,14 @@ from typing import Any
 from _common import table
 
 from transformer_jax.data import load_pairs
-from transformer_jax.data.pipeline import eval_split_batches
+from transformer_jax.data.batching import TrainIterator
+from transformer_jax.data.pipeline import encoded_split, eval_split_batches, make_batcher
 from transformer_jax.inference.bleu import bleu
 from transformer_jax.inference.runs import shared_tokenizer
 from transformer_jax.inference.translation import translate_lines
 from transformer_jax.model.config import from_config_dict
 from transformer_jax.model.transformer import Transformer
-from transformer_jax.training.checkpoints import load_run
+from transformer_jax.training.checkpoints import load_config, load_run
 from transformer_jax.training.evaluator import evaluate_loss
 from transformer_jax.training.logs import read_metrics, read_run_info
 from transformer_jax.training.parallel import DataParallel
@@ -30,7 +31,7 @@ def run_summary(workdir: str, step: int, train_wall_s: float) -> dict[str, Any]:
     training time only) and the target tokens per second of the budget (as the baseline
     counts them: every trained target token with its EOS, over the clock's seconds)."""
     info = read_run_info(workdir)
-    epochs = step / info["batches_per_epoch"]
+    epochs = step / batches_per_epoch(workdir, info)
     speeds = [r["tokens_per_sec"] for r in loss_curve(workdir)[1:]] or [float("nan")]
     return {
         "run_info": info,
@@ -38,6 +39,18 @@ def run_summary(workdir: str, step: int, train_wall_s: float) -> dict[str, Any]:
         "median_tokens_per_sec": sorted(speeds)[len(speeds) // 2],
         "target_tokens_per_sec": epochs * info["target_tokens_per_epoch"] / train_wall_s,
     }
+
+
+def batches_per_epoch(workdir: str, info: dict[str, Any]) -> int:
+    """The run's batches per epoch: ``run_info``'s, or for packed batches (planned as they
+    are read, so not counted when a run starts) those of its first epoch, counted here."""
+    if info["batches_per_epoch"] is not None:
+        return info["batches_per_epoch"]
+    config = load_config(workdir)
+    tokenizer = shared_tokenizer([workdir], from_config_dict(config.model).tgt_vocab)
+    encoded = encoded_split(config.data, config.data.train_split, tokenizer, workdir)
+    batcher = make_batcher(config.data, encoded, info["devices"])
+    return len(TrainIterator(batcher, config.data.seed).epoch_plan(0))
 
 
 def combined(summaries: list[dict[str, Any]]) -> dict[str, Any]:

@@ -11,9 +11,14 @@ Each stage then runs in its own process, timed and with its peak RSS (``ru_maxrs
 * ``encode``: ``prepare_split`` of the training split (chunks, then the memory-mapped
   arrays);
 * ``start bucketed`` / ``start packed``: a prepared run's start, ``train_iterator`` (mapping
-  the files, the first epoch's plan) and its first batch; "RSS added" is the process's
+  the files, the epoch's order and bucketed plan) and its first batch, in seconds and CPU
+  seconds (the process's, all threads); "RSS added" is the process's
   resident memory after it minus before it (imports done), "anon added" the part not
   pages of the mapped files (those are shared by a host's processes and evictable);
+* with ``--mapped N``, instead of all the above: ``mapped bucketed`` / ``mapped packed``,
+  the same start on N pairs of prepared arrays written directly (uint16 ids, source and
+  target lengths 1 + Poisson(15.7) and 1 + Poisson(15.3), the synthetic corpus's means; no
+  text, tokenizer or encoding), opened with ``prepared.open_split``;
 * then ``--batches`` batches: host batches/s and real target tokens/s, with the base
   config's batching (``data.tokens_per_batch`` 25,000, ``data.max_len`` 256, 8 shards),
   one process filling every row (a process of a multi-host run fills only its share).
@@ -27,6 +32,7 @@ token x 50,000). "headroom" is host batches/s over that.
     python benchmarks/data_pipeline.py --sizes 30000,300000 --json data.json
     python benchmarks/data_pipeline.py --smoke
     python benchmarks/data_pipeline.py --sizes 3000000 --keep /tmp/c3m  # again: start only
+    python benchmarks/data_pipeline.py --mapped 36000000 --keep /tmp/m36m --batches 50
 """
 
 from __future__ import annotations
@@ -71,6 +77,39 @@ def write_corpus(directory: str, n: int, seed: int = 0) -> dict[str, float]:
     return {"seconds": time.perf_counter() - start}
 
 
+STAGES = ("tokenizer", "encode", "start bucketed", "start packed")
+STAGES_MAPPED = ("mapped bucketed", "mapped packed")
+MAPPED_CHUNK = 1 << 20  # pairs written at a time by write_mapped
+
+
+def write_mapped(path: str, n: int, vocab: int, seed: int = 0) -> None:
+    """N pairs of prepared arrays at ``path`` (the layout of ``data.prepared``), written a
+    chunk at a time: random ids, lengths 1 + Poisson of the synthetic corpus's means."""
+    import numpy as np
+
+    from transformer_jax.data import prepared
+
+    rng = np.random.default_rng(seed)
+    lengths = {"src": [], "tgt": []}
+    for a in range(0, n, MAPPED_CHUNK):
+        size = min(MAPPED_CHUNK, n - a)
+        lengths["src"].append(1 + rng.poisson(15.7, size).astype(np.int64))
+        lengths["tgt"].append(1 + rng.poisson(15.3, size).astype(np.int64))
+    os.makedirs(path)
+    for side in ("src", "tgt"):
+        offsets = np.concatenate([[0], np.cumsum(np.concatenate(lengths[side]))])
+        np.save(os.path.join(path, f"{side}_offsets.npy"), offsets)
+        with open(os.path.join(path, f"{side}.npy"), "wb") as f:
+            header = {"descr": "<u2", "fortran_order": False, "shape": (int(offsets[-1]),)}
+            np.lib.format.write_array_header_1_0(f, header)
+            for a in range(0, int(offsets[-1]), MAPPED_CHUNK * 16):
+                count = min(MAPPED_CHUNK * 16, int(offsets[-1]) - a)
+                f.write(rng.integers(4, vocab, count, dtype=np.uint16).tobytes())
+    info = {"pairs": n, "dtype": "uint16", "max_id": vocab - 1}
+    with open(os.path.join(path, prepared.INFO_FILE), "w") as f:
+        json.dump({**info, "skipped_empty": 0, "replaced_lines": 0}, f)
+
+
 def data_config(directory: str, smoke: bool) -> Any:
     from transformer_jax.training.schema import default_config
 
@@ -88,6 +127,20 @@ def rss_bytes() -> tuple[int, int]:
     return resident, resident - shared
 
 
+def start_run(stage: str, directory: str, config: Any, tokenizer: Any) -> Any:
+    """A prepared run's training iterator: of the text corpus's preparation (``start ...``)
+    or of the arrays ``write_mapped`` wrote (``mapped ...``)."""
+    from transformer_jax.data import pipeline, prepared
+    from transformer_jax.data.batching import TrainIterator
+
+    config.packing = stage.endswith("packed")
+    workdir = os.path.join(directory, "run")
+    if stage.startswith("start"):
+        return pipeline.train_iterator(config, workdir, tokenizer, num_shards=GPUS)
+    encoded, _ = prepared.open_split(os.path.join(directory, "mapped"))
+    return TrainIterator(pipeline.make_batcher(config, encoded, GPUS), config.seed)
+
+
 def run_stage(stage: str, directory: str, vocab: int, batches: int, smoke: bool) -> dict:
     """One stage in this process (the script runs each in a process of its own)."""
     import numpy as np
@@ -101,15 +154,16 @@ def run_stage(stage: str, directory: str, vocab: int, batches: int, smoke: bool)
     if stage == "tokenizer":
         pipeline.get_tokenizer(config, workdir, vocab)
     else:
-        tokenizer = pipeline.get_tokenizer(config, workdir, vocab)
-        before, start = rss_bytes(), time.perf_counter()
+        mapped = stage.startswith("mapped")
+        tokenizer = None if mapped else pipeline.get_tokenizer(config, workdir, vocab)
+        before, start, cpu = rss_bytes(), time.perf_counter(), time.process_time()
         if stage == "encode":
             pipeline.prepare_split(config, "train", tokenizer, workdir)
         else:
-            config.packing = stage == "start packed"
-            iterator = pipeline.train_iterator(config, workdir, tokenizer, num_shards=GPUS)
+            iterator = start_run(stage, directory, config, tokenizer)
             next(iterator)
             record["seconds"] = time.perf_counter() - start
+            record["cpu_seconds"] = time.process_time() - cpu  # this process, all threads
             (resident, anon), (resident_before, anon_before) = rss_bytes(), before
             record["rss_added"], record["anon_added"] = (
                 resident - resident_before,
@@ -166,9 +220,11 @@ def measure(n: int, args: argparse.Namespace) -> dict[str, Any]:
     directory = args.keep or tempfile.mkdtemp(prefix=f"data-pipeline-{n}-")
     try:
         result: dict[str, Any] = {"pairs": n}
+        if args.mapped:
+            return measure_mapped(n, directory, args, result)
         if not os.path.isfile(os.path.join(directory, "test.de")):
             result["write_corpus"] = write_corpus(directory, n)
-        for stage in ("tokenizer", "encode", "start bucketed", "start packed"):
+        for stage in STAGES:
             if not (args.keep and _done(stage, directory)):
                 result[stage] = stage_in_process(stage, directory, args)
         cache = os.path.join(directory, "run", "data_cache")
@@ -186,10 +242,27 @@ def measure(n: int, args: argparse.Namespace) -> dict[str, Any]:
             shutil.rmtree(directory, ignore_errors=True)
 
 
+def measure_mapped(
+    n: int, directory: str, args: argparse.Namespace, result: dict[str, Any]
+) -> dict[str, Any]:
+    """The ``mapped ...`` starts of N pairs of written arrays (kept in ``--keep``'s directory)."""
+    path = os.path.join(directory, "mapped")
+    if not os.path.isdir(path):
+        write_mapped(path, n, args.vocab)
+    for stage in STAGES_MAPPED:
+        result[stage] = stage_in_process(stage, directory, args)
+    result["prepared_bytes"] = sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path))
+    start = result["mapped bucketed"]
+    result["gpu_steps_per_s"] = gpu_steps_per_s(
+        start["mean_src_len"], start["mean_tgt_len"], args.mfu
+    )
+    return result
+
+
 def rows_of(result: dict[str, Any]) -> list[list[Any]]:
     gib = 1 << 30
     rows = []
-    for stage in ("tokenizer", "encode", "start bucketed", "start packed"):
+    for stage in STAGES + STAGES_MAPPED:
         if stage not in result:  # already done in --keep's directory
             continue
         record = result[stage]
@@ -199,6 +272,7 @@ def rows_of(result: dict[str, Any]) -> list[list[Any]]:
                 f"{result['pairs']:,}",
                 stage,
                 record["seconds"],
+                record.get("cpu_seconds", float("nan")),
                 record["peak_rss"] / gib,
                 record.get("rss_added", float("nan")) / gib,
                 record.get("anon_added", float("nan")) / gib,
@@ -223,6 +297,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="one size's corpus and preparation in this directory, kept; the stages whose "
         "output is there already (tokenizer, prepared split) are skipped",
     )
+    parser.add_argument(
+        "--mapped",
+        type=int,
+        help="only the starts of this many pairs of prepared arrays written directly",
+    )
     parser.add_argument("--stage", help=argparse.SUPPRESS)
     parser.add_argument("--dir", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -230,7 +309,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         record = run_stage(args.stage, args.dir, args.vocab, args.batches, args.smoke)
         print("STAGE " + json.dumps(record))
         return record
-    sizes = [int(s) for s in args.sizes.split(",")]
+    sizes = [args.mapped] if args.mapped else [int(s) for s in args.sizes.split(",")]
     if not sizes or min(sizes) < 1 or args.batches < 1 or not 0 < args.mfu <= 1:
         raise ValueError("--sizes and --batches must be positive, --mfu in (0, 1]")
     if args.smoke:
@@ -243,6 +322,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "pairs",
         "stage",
         "seconds",
+        "CPU seconds",
         "peak RSS GiB",
         "RSS added GiB",
         "anon added GiB",

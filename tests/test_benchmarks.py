@@ -14,8 +14,11 @@ import subprocess
 import sys
 
 import jax
+import numpy as np
 import pytest
 from conftest import ROOT
+
+from transformer_jax.data import prepared
 
 BENCHMARKS = os.path.join(str(ROOT), "benchmarks")
 
@@ -258,6 +261,28 @@ def test_quality_parses_the_baselines_output():
         baseline.parse_torch_output(TORCH_OUTPUT.replace("TRAINING DONE", "training done"))
     with pytest.raises(ValueError, match="TEST2016"):
         baseline.parse_torch_output(TORCH_OUTPUT.split("19:33:40")[0])
+
+
+def test_quality_counts_the_batches_of_a_packed_run(tmp_path):
+    from transformer_jax.data import pipeline
+    from transformer_jax.data.batching import TrainIterator
+    from transformer_jax.training.defaults import default_config
+
+    config = default_config()
+    config.data.update(source="synthetic", packing=True, tokens_per_batch=1024, max_len=64)
+    config.data.update(train_split="validation", tokenizer_train_sentences=2000)
+    (tmp_path / "config.json").write_text(config.to_json())
+    tokenizer = pipeline.get_tokenizer(config.data, str(tmp_path), 400)
+    encoded = pipeline.encoded_split(config.data, "validation", tokenizer, str(tmp_path))
+    batcher = pipeline.make_batcher(config.data, encoded, 2)
+    expected = len(TrainIterator(batcher, config.data.seed).epoch_plan(0))
+    assert (
+        _script("_quality_scores").batches_per_epoch(
+            str(tmp_path), {"batches_per_epoch": None, "devices": 2}
+        )
+        == expected
+        > 10
+    )
 
 
 def test_quality_reads_the_runs_files(tmp_path):
@@ -643,3 +668,22 @@ def test_data_pipeline_smoke():
     for stage in ("start bucketed", "start packed"):
         assert result[stage]["batches_per_s"] > 0 and result[stage]["tgt_tokens_per_s"] > 0
     assert result["encode"]["peak_rss"] > 0 and result["gpu_steps_per_s"] > 0
+
+
+def test_data_pipeline_writes_mapped_arrays_that_open_as_a_prepared_split(tmp_path):
+    script = _script("data_pipeline")
+    script.write_mapped(str(tmp_path / "mapped"), 5000, vocab=400)
+    encoded, info = prepared.open_split(str(tmp_path / "mapped"))
+    assert len(encoded) == info["pairs"] == 5000 and encoded.src.dtype == np.uint16
+    assert 4 <= encoded.tgt.min() and encoded.src.max() <= info["max_id"] == 399
+    lengths = np.diff(encoded.src_offsets)
+    assert lengths.min() >= 1 and 15 < lengths.mean() < 18.5
+
+
+@pytest.mark.slow  # two stage processes, each importing JAX (~25 s)
+def test_data_pipeline_mapped_smoke():
+    payload = _script("data_pipeline").main(["--smoke", "--mapped", "3000"])
+    (result,) = payload["results"]
+    assert result["pairs"] == 2000 and "encode" not in result  # --smoke's size
+    for stage in ("mapped bucketed", "mapped packed"):
+        assert result[stage]["batches_per_s"] > 0 and result[stage]["anon_added"] > 0

@@ -73,10 +73,12 @@ def test_one_epoch_has_every_pair_once_within_budget(packing):
     pairs = random_pairs()
     batcher = Batcher(pairs, tokens_per_batch=512, max_len=MAX_LEN, packing=packing, num_shards=4)
     iterator = TrainIterator(batcher, seed=1)
-    n = iterator.stats()["batches_per_epoch"]
+    plan = iterator.epoch_plan(0)  # packing: planned whole here, one batch at a time below
+    n = len(plan)
     seen, shapes = collections.Counter(), set()
-    for _ in range(n):
+    for planned in plan:
         batch = next(iterator)
+        np.testing.assert_array_equal(batch["src"], batcher.fill(planned)["src"])
         shapes.add(batch["src"].shape)
         for key, value in batch.items():
             assert value.dtype == np.int32 and value.shape == batch["src"].shape, key
@@ -84,9 +86,11 @@ def test_one_epoch_has_every_pair_once_within_budget(packing):
         assert rows * length <= 512 and rows % 4 == 0 and length <= MAX_LEN
         seen.update(unpack(batch))
     assert seen == expected(pairs)
-    assert iterator.get_state() == {"epoch": 0, "index": n}
-    assert len(shapes) <= len(plans.bucket_lengths(MAX_LEN))
     stats = iterator.stats()
+    end = {"pair": stats["pairs"]} if packing else {}
+    assert iterator.get_state() == {"epoch": 0, "index": n, **end}
+    assert stats["batches_per_epoch"] == (None if packing else n)
+    assert len(shapes) <= len(plans.bucket_lengths(MAX_LEN))
     assert stats["dropped_too_long"] == len(pairs) - sum(expected(pairs).values()) > 0
     assert stats["pairs"] == sum(expected(pairs).values())
     assert 0.3 < stats["padding_efficiency"] <= 1.0
@@ -111,7 +115,7 @@ def test_resume_yields_the_same_batches(packing):
     pairs = random_pairs(300)
     batcher = Batcher(pairs, tokens_per_batch=256, max_len=MAX_LEN, packing=packing)
     run = TrainIterator(batcher, seed=5)
-    per_epoch = run.stats()["batches_per_epoch"]
+    per_epoch = len(run.epoch_plan(0))
     for _ in range(per_epoch - 2):
         next(run)
     state = run.get_state()
@@ -126,7 +130,12 @@ def test_resume_yields_the_same_batches(packing):
         for key in batch:
             np.testing.assert_array_equal(batch[key], expected_batch[key])
     with pytest.raises(ValueError, match="state"):
-        resumed.set_state({"epoch": 0, "index": per_epoch + 1})
+        resumed.set_state({"epoch": 0, "index": per_epoch + 1, "pair": len(batcher.kept) + 1})
+    if packing:  # a state without the pair resumes only where an epoch starts
+        resumed.set_state({"epoch": 1, "index": 0})
+        assert resumed.get_state() == {"epoch": 1, "index": 0, "pair": 0}
+        with pytest.raises(ValueError, match="has no 'pair'"):
+            resumed.set_state({"epoch": 1, "index": 3})
 
 
 def test_processes_split_rows_of_the_same_global_batch():
@@ -161,7 +170,7 @@ def test_packing_pads_less_than_bucketing():
         iterator = TrainIterator(
             Batcher(pairs, tokens_per_batch=512, max_len=MAX_LEN, packing=packing)
         )
-        for _ in range(iterator.stats()["batches_per_epoch"]):
+        for _ in range(len(iterator.epoch_plan(0))):
             next(iterator)
         efficiency[packing] = iterator.stats()["padding_efficiency"]
     assert efficiency[True] > 0.8 and efficiency[True] > efficiency[False]
@@ -190,10 +199,11 @@ def reference_plan_packed(order, src_lengths, tgt_lengths, tokens_per_batch, max
     for i in order:
         ls, lt = src_lengths[i], tgt_lengths[i]
         fits = np.flatnonzero((src_free >= ls) & (tgt_free >= lt))
-        if len(fits) == 0:
+        if len(fits) == 0 and pairs:  # a pair that opens a batch takes row 0
             planned.append((pairs, assigned))
             src_free[:], tgt_free[:] = max_len, max_len
             pairs, assigned = [], []
+        if len(fits) == 0:
             fits = [0]
         src_free[fits[0]] -= ls
         tgt_free[fits[0]] -= lt
@@ -290,12 +300,18 @@ def test_packed_segments_are_isolated_in_the_model():
         np.testing.assert_allclose(logits[:, mask], alone, atol=1e-5)
 
 
-def test_pipeline_encodes_targets_with_the_first_pieces(tmp_path):
+def test_pipeline_encodes_targets_with_the_first_pieces(tmp_path, monkeypatch):
     config = default_config().data
     config.update(source="synthetic", max_len=64, tokenizer_train_sentences=2000)
     workdir = str(tmp_path)
+    stream, reads = pipeline.stream_pairs, []
+    monkeypatch.setattr(
+        pipeline,
+        "stream_pairs",
+        lambda c, split, counts: reads.append(split) or stream(c, split, counts),
+    )
     limited = pipeline.get_tokenizer(config, workdir, 500, target_vocab_size=100)
-    assert limited.target_vocab_size == 100
+    assert limited.target_vocab_size == 100 and reads == ["train"]  # one pass: both orders
     encoded = pipeline.encoded_split(config, "validation", limited, workdir)
     assert encoded.tgt.max() < 100 <= encoded.src.max()
     pairs = synthetic_pairs("validation")
@@ -311,8 +327,11 @@ def test_pipeline_encodes_targets_with_the_first_pieces(tmp_path):
     unnumbered = pipeline.get_tokenizer(config, plain, 500)
     assert unnumbered.model_proto != limited.model_proto
     again = pipeline.get_tokenizer(config, plain, 500, target_vocab_size=100)
+    reads.clear()
     with pytest.raises(ValueError, match=r"tokenizer.model does not number .*tgt_vocab_size=100"):
         pipeline.encoded_split(config, "train", again, plain)
+    assert reads == ["train"]  # checked in the pass that encodes, whose output is removed
+    assert not [f for f in os.listdir(os.path.join(plain, "data_cache")) if f.startswith("train")]
     assert pipeline.encoded_split(config, "train", limited, workdir).tgt.max() < 100
 
 
@@ -338,9 +357,9 @@ def test_pipeline_trains_tokenizer_once_and_caches_ids(tmp_path):
     assert len(decoded) == 1000 and "a bright castle jumped" not in decoded
     config.update(tokens_per_batch=4096, packing=True)
     iterator = pipeline.train_iterator(
-        config, workdir, tokenizer, num_shards=2, state={"epoch": 2, "index": 3}
+        config, workdir, tokenizer, num_shards=2, state={"epoch": 2, "index": 3, "pair": 9}
     )
-    assert iterator.get_state() == {"epoch": 2, "index": 3}
+    assert iterator.get_state() == {"epoch": 2, "index": 3, "pair": 9}
     assert next(iterator)["src_segments"].shape == (64, 64)
 
     config.update(bpe_dropout=0.2, max_len=128)  # each epoch's sources in new, smaller pieces
@@ -374,7 +393,11 @@ def test_resampled_epochs_hold_their_own_pairs_and_resume_exactly():
     epochs = []
     for epoch in range(2):
         batches = [next(run) for _ in range(len(make().epoch_plan(epoch)))]
-        assert run.get_state() == {"epoch": epoch, "index": len(batches)}
+        assert run.get_state() == {
+            "epoch": epoch,
+            "index": len(batches),
+            "pair": len(run.batcher.kept),
+        }
         found = collections.Counter(p for b in batches for p in unpack(b))
         assert found == expected(resample(epoch))
         epochs.append(found)

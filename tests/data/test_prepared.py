@@ -25,10 +25,12 @@ from transformer_jax.training.validation import validate_config
 
 # Digests of tokenizer, ids and 2 x 2 x (epoch + 5) batches (bucketed and packed, process 0
 # and 1 of 2) produced by the in-memory .npz pipeline this module replaced, on the corpora
-# below: the prepared splits must give the same bytes.
+# below: the prepared splits must give the same bytes. (Packed batches are yielded in the
+# order first fit closes them since they are planned as read: each epoch holds the same
+# packed batches as the shuffled order these digests were first taken with.)
 REFERENCE = {
-    "text": (2907, "a12fcf9bdd527260b3bbd46e4341be69bea7b02a"),
-    "synthetic": (40000, "c0cc29a76bc6170d5aa2d34cb7c2518fa9ea3725"),
+    "text": (2907, "34a1a4537e794cac0ef76500d918afbf6a4ac9cb"),
+    "synthetic": (40000, "d2efab1a8b278e3d8116ebe148fe207a326d3259"),
 }
 WORDS = (
     "the a cat dog house tree runs sees big small red green blue Haus Katze Hund Baum läuft "
@@ -314,3 +316,32 @@ def test_data_dir_must_be_a_directory(tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(ValueError, match=r"^data\.data_dir='.*file' is not a directory$"):
         validate_config(config)
+
+
+def test_bpe_dropout_reads_the_sources_mapped_from_the_prepared_split(tmp_path):
+    config = data_config(source="text", text_dir=write_corpus(tmp_path))
+    workdir = str(tmp_path / "run")
+    tokenizer = pipeline.get_tokenizer(config, workdir, 400)
+    pipeline.train_iterator(config, workdir, tokenizer, num_shards=2)
+    path = pipeline.prepared_path(config, "train", tokenizer, workdir)
+    assert prepared.open_sources(path) is None  # without dropout the split is as before
+    config.bpe_dropout = 0.1
+    iterator = pipeline.train_iterator(config, workdir, tokenizer, num_shards=2)
+    sources = prepared.open_sources(path)
+    assert all(isinstance(a, np.memmap) for a in sources)
+    expected = [s for s, _ in load_pairs(config, "train")]
+    assert prepared.source_texts(sources, 0, len(expected)) == expected
+    assert prepared.source_texts(sources, 5, 9) == expected[5:9]
+
+    plain = pipeline.encoded_split(config, "train", tokenizer, workdir)
+    sampled = pipeline.sample_sources(tokenizer, sources, plain, 0.1, 0, 3, chunk_pairs=1000)
+    for k in range(3):  # chunk k of 1,000 sentences sampled with its seed of (0, 3, k)
+        seed = int(np.random.default_rng([0, 3, k]).integers(2**31))
+        ids = tokenizer.encode_sampled(expected[1000 * k : 1000 * (k + 1)], 0.1, seed)
+        assert [sampled.source(1000 * k + i).tolist() for i in range(len(ids))] == ids
+    assert sampled.src.dtype == plain.src.dtype and len(sampled.src) > len(plain.src)
+    assert [tokenizer.decode(sampled.source(i).tolist()) for i in range(50)] == expected[:50]
+    np.testing.assert_array_equal(sampled.tgt, plain.tgt)
+    epoch = iterator.batcher.pairs  # the iterator's first epoch: sampled likewise
+    again = pipeline.sample_sources(tokenizer, sources, plain, 0.1, config.seed, 0)
+    np.testing.assert_array_equal(epoch.src, again.src)

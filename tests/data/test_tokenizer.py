@@ -99,7 +99,8 @@ TARGETS = [t for _, t in PAIRS]
 @pytest.fixture(scope="module")
 def target_ordered(tmp_path_factory):
     path = str(tmp_path_factory.mktemp("tok") / "tokenizer.model")
-    return tk.train_tokenizer(CORPUS, path, 600, targets=TARGETS)
+    words = collections.Counter(w for t in TARGETS for w in t.split(" "))
+    return tk.train_tokenizer(CORPUS, path, 600, target_words=words)
 
 
 def pieces(tokenizer, rows):
@@ -155,3 +156,16 @@ def test_encode_targets_uses_only_the_first_pieces(target_ordered, tmp_path):
     assert tk.load_tokenizer(path, 100).encode_targets(TARGETS) == (
         tk.Tokenizer(proto, 100).encode_targets(TARGETS)
     )
+
+
+def test_word_counts_give_the_piece_counts_of_whole_sentences(tokenizer):
+    texts = [*TARGETS[:300], "two  spaces", "tab\there", " lead", "trail ", "☃ 漢字 éà", "ａｂ　ｃ"]
+    words = collections.Counter(w for t in texts for w in t.split(" "))
+    by_sentence = collections.Counter(i for row in tokenizer.encode_batch(texts) for i in row)
+    by_word = collections.Counter()
+    for n, row in zip(words.values(), tokenizer.encode_batch(list(words)), strict=True):
+        by_word.update({i: n * k for i, k in collections.Counter(row).items()})
+    assert by_word == by_sentence  # what order_by_frequency counts from the words
+    ordered = tk.Tokenizer(tk.order_by_frequency(tokenizer.model_proto, words))
+    counts = collections.Counter(i for row in ordered.encode_batch(texts) for i in row)
+    assert counts[tk.NUM_SPECIAL_IDS + 1] > 0 and len(counts) > 30

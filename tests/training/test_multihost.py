@@ -1,8 +1,10 @@
 """Multi-host training as a cluster user runs it: the launch flags and their precedence over
 the environment, refusal of a multi-process launch without ``--multihost``, and two real
 ``train.py`` processes on 127.0.0.1 (CPU collectives over gloo) that train, stop on
-signals, snapshot and resume in step, equal to one process with two devices."""
+signals, snapshot and resume in step, equal to one process with two devices; two processes
+that decode their shares of the evaluation translations and each receive all of them."""
 
+import json
 import os
 import re
 import shutil
@@ -168,11 +170,13 @@ COLLECTIVES = textwrap.dedent(
 )
 
 
-def test_two_processes_agree_on_flags_and_receive_process_zeros_bytes():
+def run_two(script, *args, timeout=120):
+    """``script`` as processes 0 and 1 of two on 127.0.0.1 (argv: port, index, ``args``);
+    the line each printed starting with ``RESULT``."""
     port = free_port()
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", COLLECTIVES, str(port), str(i)],
+            [sys.executable, "-c", script, str(port), str(i), *args],
             env=cpu_env(),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -183,11 +187,20 @@ def test_two_processes_agree_on_flags_and_receive_process_zeros_bytes():
     outs = []
     try:
         for proc in procs:
-            outs.append(proc.communicate(timeout=120)[0])
+            outs.append(proc.communicate(timeout=timeout)[0])
     finally:
         for proc in procs:
             proc.kill()
-    results = [next(x for x in out.splitlines() if x.startswith("RESULT")) for out in outs]
+    results = []
+    for out in outs:
+        line = next((x for x in out.splitlines() if x.startswith("RESULT")), None)
+        assert line, out[-3000:]
+        results.append(line)
+    return results
+
+
+def test_two_processes_agree_on_flags_and_receive_process_zeros_bytes():
+    results = run_two(COLLECTIVES)
     assert results[0] == (
         "RESULT [(True, False, True), (True, False, True)] b'made by process 0' "
         "no training sentences"
@@ -535,3 +548,50 @@ def test_a_killed_process_ends_the_others_with_one_line_in_seconds(tmp_path):
     survivor.wait(timeout=30)
     assert time.time() - started < 15 and survivor.returncode == 1
     assert_one_error_line(output(survivor), "lost")
+
+
+EVAL_TRANSLATIONS = textwrap.dedent(
+    """
+    import json, sys
+    import jax, ml_collections
+    from transformer_jax.data.tokenizer import load_tokenizer
+    from transformer_jax.inference.translation import translate_lines
+    from transformer_jax.model.config import TransformerConfig
+    from transformer_jax.model.transformer import Transformer
+    from transformer_jax.training import distributed, evaluator
+
+    port, index, path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    assert distributed.initialize(False, coordinator_address=f"127.0.0.1:{port}",
+                                  num_processes=2, process_id=index)
+    tokenizer = load_tokenizer(path)
+    lines = [f"{w} {v}" for w in ("a dog", "the cat", "green field") for v in "xyz"] * 3
+    config = TransformerConfig(vocab_size=tokenizer.vocab_size, d_model=16, num_heads=2,
+                               d_ff=32, num_encoder_layers=1, num_decoder_layers=1, max_len=24)
+    model = Transformer(config)
+    src = jax.numpy.ones((1, 4), jax.numpy.int32)
+    params = jax.device_get(jax.jit(model.init)(jax.random.PRNGKey(0), src, src)["params"])
+    decoded = []
+    decode_batch = evaluator.decode_batch
+    evaluator.decode_batch = lambda *a: decoded.append(len(a[2])) or decode_batch(*a)
+    decode = ml_collections.ConfigDict({"beam_size": 3, "alpha": 0.6, "max_extra_len": 6})
+    shared = evaluator.translate_data_parallel(config, [params], tokenizer, lines, decode, 4)
+    alone = translate_lines(config, params, tokenizer, lines, beam_size=3, max_extra_len=6,
+                            batch_size=4)
+    print("RESULT " + json.dumps({"shared": shared, "alone": alone, "batches": len(decoded)}))
+    """
+)
+
+
+@pytest.mark.integration
+def test_two_processes_translate_their_batches_and_each_gets_every_translation(tmp_path):
+    from transformer_jax.data.tokenizer import train_tokenizer
+
+    path = str(tmp_path / "tokenizer.model")
+    words = "a dog the cat green field x y z runs over ein Hund die Katze grünes Feld".split()
+    train_tokenizer([" ".join(words[i:] + words[:i]) for i in range(len(words))] * 4, path, 300)
+    lines = run_two(EVAL_TRANSLATIONS, path, timeout=240)
+    results = [json.loads(line.removeprefix("RESULT ")) for line in lines]
+    alone = results[0]["alone"]  # one process decoding every line on one device
+    assert len(alone) == 27 and len(set(alone)) > 2
+    assert [r["shared"] for r in results] == [alone, alone]
+    assert [r["batches"] for r in results] == [4, 3]  # 7 batches of 4 lines, taken in turn

@@ -55,6 +55,11 @@ def test_run_info_counts_pairs_batches_and_tokens_with_their_eos():
         "2 training pairs (1 longer than data.max_len=4 dropped), 1 batches per epoch; "
         "vocabulary 300; "
     )
+    packed = run_info(
+        config, 300, TrainIterator(Batcher(pairs, tokens_per_batch=8, max_len=4, packing=True))
+    )
+    assert packed["batches_per_epoch"] is None  # packed batches are planned as they are read
+    assert ", packed batches per epoch; " in describe_run_info(packed)
 
 
 def test_run_info_round_trip_and_missing_file(tmp_path):
@@ -94,7 +99,7 @@ def test_the_loop_writes_what_it_prints_and_a_resume_keeps_it(
     with open(os.path.join(workdir, "config.json")) as f:
         assert json.load(f)["model"]["matmul_precision"] == "auto"
     assert describe_run_info(info) in capsys.readouterr().out
-    assert info["train_pairs"] > 0 and info["batches_per_epoch"] > 0
+    assert info["train_pairs"] > 0 and info["batches_per_epoch"] is None  # tiny packs
     assert info["target_tokens_per_epoch"] > info["train_pairs"]  # at least one piece + EOS
     assert 0 < info["vocab_size"] <= 300
     config.train.num_steps = 2

@@ -13,18 +13,25 @@ included). Two layouts, both with a few fixed shapes so ``jit`` compiles few var
 Layout of one pair: ``src = ids(source) + [EOS]``, ``tgt_in = [BOS] + ids(target)``,
 ``tgt_out = ids(target) + [EOS]``; its length is ``max(len(src), len(tgt_in))``. Pairs
 longer than ``max_len`` are dropped and counted. The order of an epoch is a function of
-``(seed, epoch)`` only, so the iterator state ``{'epoch', 'index'}`` resumes exactly.
+``(seed, epoch)`` only, so the iterator state (``{'epoch', 'index'}``, packing also
+``'pair'``) resumes exactly.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import mmap
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from transformer_jax.data.plans import Planned, batch_rows, plan_buckets, plan_packed
+from transformer_jax.data.plans import (
+    Planned,
+    batch_rows,
+    packed_batch,
+    plan_buckets,
+    plan_packed,
+)
 from transformer_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 Batch = dict[str, np.ndarray]
@@ -56,12 +63,19 @@ class EncodedPairs:
             raise ValueError(f"{len(src)} source but {len(tgt)} target sequences")
         return cls(*_flat(src), *_flat(tgt))
 
-    def with_sources(self, src: Sequence[Sequence[int]]) -> EncodedPairs:
-        """The same targets with other token ids for the sources (one per pair, in order)."""
-        if len(src) != len(self):
-            raise ValueError(f"{len(src)} source but {len(self)} target sequences")
-        tokens, offsets = _flat(src)
-        return dataclasses.replace(self, src=tokens, src_offsets=offsets)
+    def with_sources(self, chunks: Iterable[Sequence[Sequence[int]]]) -> EncodedPairs:
+        """The same targets with other token ids for the sources (one per pair, in order),
+        given a chunk of pairs at a time, kept in the dtype of ``src``."""
+        tokens, offsets, end = [np.zeros(0, self.src.dtype)], [np.zeros(1, np.int64)], 0
+        for chunk in chunks:
+            ids, ends = _flat(chunk)
+            tokens.append(ids.astype(self.src.dtype))
+            offsets.append(ends[1:] + end)
+            end += int(ends[-1])
+        src_offsets = np.concatenate(offsets)
+        if len(src_offsets) - 1 != len(self):
+            raise ValueError(f"{len(src_offsets) - 1} source but {len(self)} target sequences")
+        return dataclasses.replace(self, src=np.concatenate(tokens), src_offsets=src_offsets)
 
     def __len__(self) -> int:
         return len(self.src_offsets) - 1
@@ -190,6 +204,11 @@ class Batcher:
             order, self.lengths, self.tokens_per_batch, self.max_len, self.num_shards
         )
 
+    def packed_batch(self, order: np.ndarray, start: int) -> Planned:
+        """The packed batch of the pairs ``order`` that opens with ``order[start]``."""
+        args = (self.src_lengths, self.tgt_lengths, start)
+        return packed_batch(order, *args, self.tokens_per_batch, self.max_len, self.num_shards)
+
     def fill(self, planned: Planned) -> Batch:
         """This process's rows of one planned batch as numpy int32 arrays, gathered from the
         (memory-mapped) token arrays by numpy indexing, with no loop over pairs."""
@@ -231,10 +250,13 @@ class Batcher:
 class TrainIterator(Iterator[Batch]):
     """Endless training batches, reshuffled every epoch by ``(seed, epoch)``.
 
-    ``get_state()`` is ``{'epoch': int, 'index': int}`` (the next batch); an iterator given
-    that state with ``set_state`` yields exactly the batches the original would have.
+    ``get_state()`` is ``{'epoch': int, 'index': int}`` (the next batch), with packing also
+    ``'pair'`` (where in the epoch's order of pairs the next batch opens: packed batches are
+    planned one at a time as they are read, in the order first fit closes them); an iterator
+    given that state with ``set_state`` yields exactly the batches the original would have.
     ``stats()`` has the counts for the log: pairs kept, dropped as too long, batches per
-    epoch, and the padding efficiency of the batches yielded so far.
+    epoch (packing: None, an epoch ends when its pairs do), and the padding efficiency of the
+    batches yielded so far.
 
     ``resample(epoch)``, when given, supplies each epoch's pairs (the same pairs segmented
     anew, as by BPE-dropout); it must be a function of ``epoch`` only, for exact resumes.
@@ -255,49 +277,85 @@ class TrainIterator(Iterator[Batch]):
         self.batcher = batcher
         self.seed = seed
         self.resample = resample
-        self._plan_epoch: int | None = None
-        self._plan: list[Planned] = []
+        self._epoch: int | None = None
+        self._rng = np.random.default_rng([seed])
+        self._order = np.zeros(0, np.int32)
+        self._plan: list[Planned] | None = None
+        self.pair = 0
         self.set_state({"epoch": epoch, "index": index})
         self._real_tokens = 0
         self._slots = 0
 
-    def epoch_plan(self, epoch: int) -> list[Planned]:
-        if self._plan_epoch != epoch:
+    def _epoch_order(self, epoch: int) -> np.ndarray:
+        """The epoch's order of the kept pairs (after its resampling, if any)."""
+        if self._epoch != epoch:
             if self.resample is not None:
                 self.batcher = self.batcher.with_pairs(self.resample(epoch))
-            rng = np.random.default_rng([self.seed, epoch])
-            order = rng.permutation(self.batcher.kept)
+            self._rng = np.random.default_rng([self.seed, epoch])
+            self._order = self._rng.permutation(self.batcher.kept)
+            self._epoch, self._plan = epoch, None
+        return self._order
+
+    def epoch_plan(self, epoch: int) -> list[Planned]:
+        """Every batch of the epoch in the order they are yielded: bucketed batches shuffled,
+        packed ones in the order of the pairs (planned whole here, not when training)."""
+        order = self._epoch_order(epoch)
+        if self._plan is None:
             plan = self.batcher.plan(order)
-            self._plan = [plan[i] for i in rng.permutation(len(plan))]
-            self._plan_epoch = epoch
+            if not self.batcher.packing:
+                plan = [plan[i] for i in self._rng.permutation(len(plan))]
+            self._plan = plan
         return self._plan
 
     def get_state(self) -> dict[str, int]:
+        if self.batcher.packing:
+            return {"epoch": self.epoch, "index": self.index, "pair": self.pair}
         return {"epoch": self.epoch, "index": self.index}
 
     def set_state(self, state: dict[str, int]) -> None:
         epoch, index = int(state["epoch"]), int(state["index"])
-        if epoch < 0 or not 0 <= index <= len(self.epoch_plan(epoch)):
+        if self.batcher.packing:
+            if "pair" not in state and index:
+                raise ValueError(
+                    f"data iterator state {state!r} has no 'pair': it was saved by a packed "
+                    "run of an older version, which resumes only where an epoch starts"
+                )
+            pair = int(state.get("pair", 0))
+            valid = epoch >= 0 and index >= 0 and 0 <= pair <= len(self._epoch_order(epoch))
+        else:
+            valid = epoch >= 0 and 0 <= index <= len(self.epoch_plan(epoch))
+            pair = 0
+        if not valid:
             raise ValueError(f"invalid data iterator state {state!r}")
-        self.epoch, self.index = epoch, index
+        self.epoch, self.index, self.pair = epoch, index, pair
+
+    def _next_planned(self) -> Planned:
+        if self.batcher.packing:
+            if self.pair >= len(self._epoch_order(self.epoch)):
+                self.epoch, self.index, self.pair = self.epoch + 1, 0, 0
+            order = self._epoch_order(self.epoch)  # may resample: then a new batcher
+            planned = self.batcher.packed_batch(order, self.pair)
+            self.pair += len(planned.pairs)
+            return planned
+        if self.index >= len(self.epoch_plan(self.epoch)):
+            self.epoch, self.index = self.epoch + 1, 0
+        return self.epoch_plan(self.epoch)[self.index]
 
     def __next__(self) -> Batch:
-        plan = self.epoch_plan(self.epoch)
-        if self.index >= len(plan):
-            self.epoch, self.index = self.epoch + 1, 0
-            plan = self.epoch_plan(self.epoch)
-        batch = self.batcher.fill(plan[self.index])
+        planned = self._next_planned()  # may move to the next epoch's (resampled) pairs
+        batch = self.batcher.fill(planned)
         self.index += 1
         real, slots = token_counts(batch)
         self._real_tokens += real
         self._slots += slots
         return batch
 
-    def stats(self) -> dict[str, float]:
+    def stats(self) -> dict[str, float | None]:
+        per_epoch = None if self.batcher.packing else len(self.epoch_plan(self.epoch))
         return {
             "pairs": len(self.batcher.kept),
             "dropped_too_long": self.batcher.dropped_too_long,
-            "batches_per_epoch": len(self.epoch_plan(self.epoch)),
+            "batches_per_epoch": per_epoch,
             "padding_efficiency": float(self._real_tokens) / max(self._slots, 1),
         }
 

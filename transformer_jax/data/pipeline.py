@@ -16,6 +16,8 @@ import itertools
 import json
 import os
 import shutil
+from collections import Counter
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import jax
@@ -25,15 +27,18 @@ from transformer_jax.data.batching import Batch, Batcher, EncodedPairs, TrainIte
 from transformer_jax.data.prepared import (
     CHUNK_PAIRS,
     check_vocabulary,
+    open_sources,
     open_split,
     read_spool,
+    source_texts,
     spool_pairs,
+    write_sources,
     write_split,
 )
 from transformer_jax.data.sources import (
+    Pair,
     ReadCounts,
     count_pairs,
-    load_pairs,
     stream_pairs,
     text_path,
 )
@@ -48,9 +53,12 @@ TOKENIZER_FILE = "tokenizer.model"
 CACHE_DIR = "data_cache"
 
 
-def _side(data_config: Any, split: str, side: int) -> Any:
-    """One side (0 source, 1 target) of the pairs of ``split``, streamed."""
-    return (pair[side] for pair in stream_pairs(data_config, split, ReadCounts()))
+def _count_target_words(pairs: Iterable[Pair], words: Counter[str]) -> Iterator[Pair]:
+    """``pairs`` as they come, adding how often each word of the targets (split at spaces)
+    occurs to ``words``, for ``order_by_frequency`` in the same pass over the split."""
+    for pair in pairs:
+        words.update(pair[1].split(" "))
+        yield pair
 
 
 def get_tokenizer(
@@ -61,28 +69,29 @@ def get_tokenizer(
     At most ``data.tokenizer_train_sentences`` sentences are kept, a reservoir sample of
     the streamed split. The vocabulary may come out smaller than ``vocab_size`` on a small
     corpus (see ``Tokenizer.vocab_size``). With ``target_vocab_size`` below ``vocab_size``
-    its pieces are numbered by frequency on the target side (a second pass over the split)
-    and targets are encoded with the first ``target_vocab_size``.
+    its pieces are numbered by frequency on the target side (its words counted in the same
+    pass over the split) and targets are encoded with the first ``target_vocab_size``.
     """
     path = os.path.join(workdir, TOKENIZER_FILE)
     if os.path.isfile(path):
         return load_tokenizer(path, target_vocab_size)
     split, counts = data_config.train_split, ReadCounts()
-    targets = None
-    if target_vocab_size is not None and target_vocab_size < vocab_size:
-        targets = _side(data_config, split, 1)
     pairs = stream_pairs(data_config, split, counts)
     if data_config.source == "tfds":  # kept for encoding: TFDS is read once
         spool = _spool_path(data_config, split, workdir)
         os.makedirs(os.path.dirname(spool), exist_ok=True)
         pairs = spool_pairs(pairs, spool, counts)
+    target_words = None
+    if target_vocab_size is not None and target_vocab_size < vocab_size:
+        target_words = Counter()
+        pairs = _count_target_words(pairs, target_words)
     return train_tokenizer(
         itertools.chain.from_iterable(pairs),
         path,
         vocab_size,
         max_sentences=data_config.tokenizer_train_sentences,
         seed=data_config.seed,
-        targets=targets,
+        target_words=target_words,
         target_vocab_size=target_vocab_size,
     )
 
@@ -144,23 +153,54 @@ def encode_pairs(tokenizer: Tokenizer, pairs: list[tuple[str, str]]) -> EncodedP
 
 def sample_sources(
     tokenizer: Tokenizer,
-    sources: list[str],
+    sources: tuple[np.ndarray, np.ndarray],
     plain: EncodedPairs,
     dropout: float,
     seed: int,
     epoch: int,
+    chunk_pairs: int = CHUNK_PAIRS,
 ) -> EncodedPairs:
-    """``plain`` (the pairs of ``sources``) with the sources under BPE-dropout, sampled anew
-    for each ``(seed, epoch)``; the targets keep the one segmentation the model is scored and
-    decodes in."""
-    sample_seed = int(np.random.default_rng([seed, epoch]).integers(2**31))
-    return plain.with_sources(tokenizer.encode_sampled(sources, dropout, sample_seed))
+    """``plain`` with its sources (``open_sources``' bytes and offsets) under BPE-dropout,
+    sampled anew for each ``(seed, epoch)``, ``chunk_pairs`` sentences at a time (chunk k
+    with a seed of ``(seed, epoch, k)``); the targets keep the one segmentation the model is
+    scored and decodes in."""
+
+    def chunks() -> Iterator[list[list[int]]]:
+        for k, first in enumerate(range(0, len(plain), chunk_pairs)):
+            texts = source_texts(sources, first, min(first + chunk_pairs, len(plain)))
+            sample_seed = int(np.random.default_rng([seed, epoch, k]).integers(2**31))
+            yield tokenizer.encode_sampled(texts, dropout, sample_seed)
+
+    return plain.with_sources(chunks())
 
 
-def _check_target_order(data_config: Any, split: str, tokenizer: Tokenizer, workdir: str) -> None:
-    """ValueError unless the tokenizer numbers its pieces for the targets of ``split``."""
-    targets = _side(data_config, split, 1)
-    if order_by_frequency(tokenizer.model_proto, targets) != tokenizer.model_proto:
+def prepared_sources(
+    data_config: Any, tokenizer: Tokenizer, workdir: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """The source sentences of the prepared training split (for BPE-dropout), memory-mapped;
+    written into it first if absent."""
+    split = data_config.train_split
+    path = prepare_split(data_config, split, tokenizer, workdir)
+    if open_sources(path) is None:
+        write_sources(path, _pairs(data_config, split, workdir, ReadCounts()))
+    sources = open_sources(path)
+    pairs = open_split(path)[1]["pairs"]
+    if sources is None or len(sources[1]) != pairs:
+        found = "none" if sources is None else len(sources[1])
+        raise ValueError(
+            f"{path}/sources holds {found} sentences for {pairs} pairs: delete that directory "
+            "to write it anew"
+        )
+    return sources
+
+
+def _check_target_order(
+    split: str, tokenizer: Tokenizer, workdir: str, words: Counter[str], path: str
+) -> None:
+    """ValueError (and the prepared split at ``path`` removed) unless the tokenizer numbers
+    its pieces for the target ``words`` of ``split``."""
+    if order_by_frequency(tokenizer.model_proto, words) != tokenizer.model_proto:
+        shutil.rmtree(path, ignore_errors=True)
         raise ValueError(
             f"{os.path.join(workdir, TOKENIZER_FILE)} does not number its pieces for the "
             f"targets of {split!r}, so model.tgt_vocab_size={tokenizer.target_vocab_size} "
@@ -185,12 +225,14 @@ def prepare_split(
         except ValueError as e:
             print(f"warning: {e}; rebuilding it")
             shutil.rmtree(path, ignore_errors=True)
-    if split == data_config.train_split and tokenizer.target_vocab_size is not None:
-        _check_target_order(data_config, split, tokenizer, workdir)
-    counts = ReadCounts()
+    counts, words = ReadCounts(), Counter()
+    pairs = _pairs(data_config, split, workdir, counts)
+    checked = split == data_config.train_split and tokenizer.target_vocab_size is not None
+    if checked:  # the words of the pass that encodes
+        pairs = _count_target_words(pairs, words)
     info = write_split(
         path,
-        _pairs(data_config, split, workdir, counts),
+        pairs,
         counts,
         lambda chunk: encode_pairs(tokenizer, chunk),
         tokenizer.vocab_size,
@@ -198,6 +240,8 @@ def prepare_split(
         total=count_pairs(data_config, split),
         desc=f"preparing {split}",
     )
+    if checked:
+        _check_target_order(split, tokenizer, workdir, words, path)
     if data_config.source == "tfds":
         shutil.rmtree(_spool_path(data_config, split, workdir), ignore_errors=True)
     print(
@@ -215,9 +259,12 @@ def run_splits(data_config: Any, final_test: bool) -> list[str]:
 
 
 def prepare_data(data_config: Any, workdir: str, tokenizer: Tokenizer, splits: list[str]) -> None:
-    """Prepare each of ``splits`` that is not prepared yet."""
+    """Prepare each of ``splits`` that is not prepared yet (with the training sources when
+    ``data.bpe_dropout`` resamples them)."""
     for split in dict.fromkeys(splits):
         prepare_split(data_config, split, tokenizer, workdir)
+    if data_config.bpe_dropout and data_config.train_split in splits:
+        prepared_sources(data_config, tokenizer, workdir)
 
 
 def encoded_split(data_config: Any, split: str, tokenizer: Tokenizer, workdir: str) -> EncodedPairs:
@@ -259,7 +306,7 @@ def train_iterator(
     encoded = encoded_split(data_config, data_config.train_split, tokenizer, workdir)
     resample = None
     if data_config.bpe_dropout:
-        sources = [s for s, _ in load_pairs(data_config, data_config.train_split)]
+        sources = prepared_sources(data_config, tokenizer, workdir)
         args = (tokenizer, sources, encoded, data_config.bpe_dropout, data_config.seed)
         resample = lambda epoch: sample_sources(*args, epoch)  # noqa: E731
     batcher = make_batcher(data_config, encoded, num_shards)

@@ -69,27 +69,29 @@ def plan_buckets(
     return planned
 
 
-FIT_CHUNK = 1 << 16  # pairs whose lengths are Python ints at a time
+FIT_CHUNK = 1 << 10  # pairs whose lengths are Python ints at a time
 FIT_BLOCK = 4  # rows per block of the block maxima that skip full rows
 
 
-def first_fit(
-    src_lengths: np.ndarray, tgt_lengths: np.ndarray, rows: int, max_len: int
-) -> tuple[np.ndarray, list[int]]:
-    """First fit of pairs of these lengths, in order, into batches of ``rows`` rows of
-    ``max_len``: each pair's row, and the positions of the pairs that closed a batch (no
-    row had room, so the pair opened the next batch in row 0). The scan skips blocks of
-    rows whose largest free space is too small on one side."""
-    row_of = np.empty(len(src_lengths), np.int32)
-    closes: list[int] = []
+def fit_batch(
+    src_lengths: np.ndarray,
+    tgt_lengths: np.ndarray,
+    order: np.ndarray,
+    start: int,
+    rows: int,
+    max_len: int,
+) -> np.ndarray:
+    """First fit of the pairs ``order[start:]``, in order, into one empty batch of ``rows``
+    rows of ``max_len``: the rows of the pairs up to the first one no row has room for
+    (which opens the next batch) or the end of ``order``; the first pair takes row 0. The
+    scan skips blocks of rows whose largest free space is too small on one side."""
+    chosen: list[int] = []
     blocks = -(-rows // FIT_BLOCK)
-    src_free, tgt_free = [max_len] * rows, [max_len] * rows  # per row of the open batch
+    src_free, tgt_free = [max_len] * rows, [max_len] * rows  # per row of the batch
     src_max, tgt_max = [max_len] * blocks, [max_len] * blocks  # per block of rows
-    for first in range(0, len(src_lengths), FIT_CHUNK):
-        src = src_lengths[first : first + FIT_CHUNK].tolist()
-        tgt = tgt_lengths[first : first + FIT_CHUNK].tolist()
-        chosen = []
-        for k, (ls, lt) in enumerate(zip(src, tgt, strict=True), first):
+    for first in range(start, len(order), FIT_CHUNK):
+        pairs = order[first : first + FIT_CHUNK]
+        for ls, lt in zip(src_lengths[pairs].tolist(), tgt_lengths[pairs].tolist(), strict=True):
             b, r = 0, -1
             while b < blocks:
                 if src_max[b] >= ls and tgt_max[b] >= lt:
@@ -100,10 +102,9 @@ def first_fit(
                         break
                     r = -1
                 b += 1
-            if r < 0:
-                closes.append(k)
-                src_free, tgt_free = [max_len] * rows, [max_len] * rows
-                src_max, tgt_max = [max_len] * blocks, [max_len] * blocks
+            if r < 0:  # no room: the pair opens the next batch, unless it opens this one
+                if chosen:
+                    return np.asarray(chosen, np.int32)
                 b = r = 0
             src_free[r] -= ls
             tgt_free[r] -= lt
@@ -111,8 +112,24 @@ def first_fit(
             src_max[b] = max(src_free[lo : lo + FIT_BLOCK])
             tgt_max[b] = max(tgt_free[lo : lo + FIT_BLOCK])
             chosen.append(r)
-        row_of[first : first + len(chosen)] = chosen
-    return row_of, closes
+    return np.asarray(chosen, np.int32)
+
+
+def packed_batch(
+    order: np.ndarray,
+    src_lengths: np.ndarray,
+    tgt_lengths: np.ndarray,
+    start: int,
+    tokens_per_batch: int,
+    max_len: int,
+    num_shards: int,
+) -> Planned:
+    """The packed batch that opens with pair ``order[start]``: first fit, each pair in the
+    first row with room on both sides, until a pair fits in no row. A batch depends only on
+    where it opens, so an epoch's batches are planned one at a time as they are read."""
+    rows = batch_rows(tokens_per_batch, max_len, num_shards)
+    row_of = fit_batch(src_lengths, tgt_lengths, order, start, rows, max_len)
+    return Planned(max_len, rows, order[start : start + len(row_of)], row_of)
 
 
 def plan_packed(
@@ -123,15 +140,10 @@ def plan_packed(
     max_len: int,
     num_shards: int,
 ) -> list[Planned]:
-    """First fit: each pair goes to the first row of the open batch with room on both sides;
-    when no row has room, the batch is closed and a new one opened."""
-    rows = batch_rows(tokens_per_batch, max_len, num_shards)
-    row_of, closes = first_fit(src_lengths[order], tgt_lengths[order], rows, max_len)
-    bounds = [0, *closes]
-    planned = [
-        Planned(max_len, rows, order[a:b], row_of[a:b])
-        for a, b in zip(bounds[:-1], closes, strict=True)
-    ]
-    if bounds[-1] < len(order):
-        planned.append(Planned(max_len, rows, order[bounds[-1] :], row_of[bounds[-1] :]))
+    """Every packed batch of the pairs ``order``, in order (see :func:`packed_batch`)."""
+    planned, start = [], 0
+    while start < len(order):
+        args = (start, tokens_per_batch, max_len, num_shards)
+        planned.append(packed_batch(order, src_lengths, tgt_lengths, *args))
+        start += len(planned[-1].pairs)
     return planned

@@ -13,6 +13,10 @@ pages are shared by the processes of a host.
 renamed), so memory is bounded by a chunk and an interrupted preparation resumes after the
 chunks it finished; the chunks are then copied into a temporary directory renamed to
 ``path``, so a reader sees no split or a whole one.
+
+:func:`write_sources` adds ``sources/`` to a prepared training split for BPE-dropout, which
+segments every epoch's sources anew: their UTF-8 bytes end to end and int64 end offsets,
+mapped like the ids, so no process holds the sentences.
 """
 
 from __future__ import annotations
@@ -166,6 +170,67 @@ def check_vocabulary(path: str, info: dict[str, Any], vocab_size: int) -> None:
         )
 
 
+SOURCES = "sources"  # the source sentences of a prepared split, for BPE-dropout
+
+
+def _write_texts(
+    tmp: str, chunks: Iterable[list[Any]], texts: Callable[[list[Any]], list[str]]
+) -> Iterator[list[Any]]:
+    """Each of ``chunks`` passed through once its ``texts`` are appended to ``{tmp}/text.bin``
+    (UTF-8, end to end) and their int64 end offsets to ``{tmp}/ends.bin``."""
+    with open(f"{tmp}/text.bin", "wb") as text, open(f"{tmp}/ends.bin", "wb") as ends:
+        end = 0
+        for chunk in chunks:
+            encoded = [s.encode() for s in texts(chunk)]
+            text.write(b"".join(encoded))
+            offsets = end + np.cumsum([len(e) for e in encoded], dtype=np.int64)
+            ends.write(offsets.tobytes())
+            end = int(offsets[-1]) if len(offsets) else end
+            yield chunk
+
+
+def _map_texts(path: str) -> tuple[np.ndarray, np.ndarray]:
+    """The bytes and end offsets :func:`_write_texts` wrote in ``path``, memory-mapped."""
+    mapped = lambda name, dtype: (  # noqa: E731
+        np.memmap(os.path.join(path, name), dtype, "r")
+        if os.path.getsize(os.path.join(path, name))
+        else np.zeros(0, dtype)
+    )
+    return mapped("text.bin", np.uint8), mapped("ends.bin", np.int64)
+
+
+def write_sources(path: str, pairs: Iterable[Pair]) -> None:
+    """``{path}/sources``: the source sentences of ``pairs`` (the pairs of the prepared split
+    at ``path``, in order), written a chunk at a time into a directory renamed into place."""
+    tmp = os.path.join(path, f"{SOURCES}.{uuid.uuid4().hex}.tmp")
+    os.makedirs(tmp)
+    try:
+        sources = lambda chunk: [source for source, _ in chunk]  # noqa: E731
+        for _chunk in _write_texts(tmp, _chunks(pairs, CHUNK_PAIRS), sources):
+            pass
+        if not os.path.isdir(os.path.join(path, SOURCES)):  # else another process wrote it
+            os.replace(tmp, os.path.join(path, SOURCES))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def open_sources(path: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """The source sentences of the prepared split at ``path`` (UTF-8 bytes and end offsets,
+    memory-mapped), or None if :func:`write_sources` has not written them."""
+    directory = os.path.join(path, SOURCES)
+    return _map_texts(directory) if os.path.isdir(directory) else None
+
+
+def source_texts(sources: tuple[np.ndarray, np.ndarray], first: int, stop: int) -> list[str]:
+    """Sentences ``first`` to ``stop - 1`` of ``open_sources``' bytes and end offsets."""
+    text, ends = sources
+    begin = int(ends[first - 1]) if first else 0
+    bounds = np.asarray(ends[first:stop]) - begin
+    data = bytes(text[begin : begin + int(bounds[-1])]) if len(bounds) else b""
+    starts = [0, *bounds[:-1].tolist()]
+    return [data[a:b].decode() for a, b in zip(starts, bounds.tolist(), strict=True)]
+
+
 def spool_pairs(pairs: Iterable[Pair], path: str, counts: ReadCounts) -> Iterator[Pair]:
     """``pairs`` passed through and written to a spool at ``path`` (a directory: the
     UTF-8 bytes of every sentence end to end, their int64 end offsets, and ``counts`` once
@@ -174,15 +239,9 @@ def spool_pairs(pairs: Iterable[Pair], path: str, counts: ReadCounts) -> Iterato
     tmp = f"{path}.{uuid.uuid4().hex}.tmp"
     os.makedirs(tmp)
     try:
-        with open(f"{tmp}/text.bin", "wb") as text, open(f"{tmp}/ends.bin", "wb") as ends:
-            end = 0
-            for chunk in _chunks(pairs, CHUNK_PAIRS):
-                encoded = [s.encode() for pair in chunk for s in pair]
-                text.write(b"".join(encoded))
-                offsets = end + np.cumsum([len(e) for e in encoded], dtype=np.int64)
-                ends.write(offsets.tobytes())
-                end = int(offsets[-1]) if len(offsets) else end
-                yield from chunk
+        both = lambda chunk: [s for pair in chunk for s in pair]  # noqa: E731
+        for chunk in _write_texts(tmp, _chunks(pairs, CHUNK_PAIRS), both):
+            yield from chunk
         with open(f"{tmp}/{INFO_FILE}", "w") as f:
             json.dump(counts.as_dict(), f)
         if not os.path.isdir(path):  # else another process spooled it meanwhile
@@ -197,12 +256,7 @@ def read_spool(path: str, counts: ReadCounts) -> Iterator[Pair]:
         saved = json.load(f)
     counts.skipped_empty += saved["skipped_empty"]
     counts.replaced_lines += saved["replaced_lines"]
-    mapped = lambda name, dtype: (  # noqa: E731
-        np.memmap(os.path.join(path, name), dtype, "r")
-        if os.path.getsize(os.path.join(path, name))
-        else np.zeros(0, dtype)
-    )
-    ends, text = mapped("ends.bin", np.int64), mapped("text.bin", np.uint8)
+    text, ends = _map_texts(path)
     for i in range(0, len(ends), 2):
         start = int(ends[i - 1]) if i else 0
         middle, stop = int(ends[i]), int(ends[i + 1])

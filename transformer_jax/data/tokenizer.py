@@ -17,7 +17,7 @@ import os
 import random
 import uuid
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2
@@ -27,7 +27,7 @@ from transformer_jax.ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 NUM_SPECIAL_IDS = 4  # PAD, UNK, BOS, EOS: ids 0-3, before every piece
 # the specials + 256 byte-fallback pieces (+ the characters of the corpus)
 MIN_VOCAB_SIZE = NUM_SPECIAL_IDS + 256
-ORDER_CHUNK = 100_000  # target sentences encoded at a time to count their pieces
+ORDER_CHUNK = 100_000  # distinct target words encoded at a time to count their pieces
 _Piece = sentencepiece_model_pb2.ModelProto.SentencePiece
 
 
@@ -120,19 +120,23 @@ def _unused_from(model_proto: bytes, first: int) -> bytes:
     return model.SerializeToString()
 
 
-def order_by_frequency(model_proto: bytes, texts: Iterable[str]) -> bytes:
-    """``model_proto`` with the same segmentation, its pieces renumbered for ``texts``: after
-    the special ids the pieces of their characters (so that any first pieces past those spell
-    every word of ``texts``), then the others; each group by how often the pieces occur in
-    ``texts``, most frequent first (ties and absent pieces keep their order). ``texts`` is
-    read once, ``ORDER_CHUNK`` at a time."""
+def order_by_frequency(model_proto: bytes, words: Mapping[str, int]) -> bytes:
+    """``model_proto`` with the same segmentation, its pieces renumbered for texts of these
+    ``words`` counts (words split at spaces): after the special ids the pieces of their
+    characters (so that any first pieces past those spell every word), then the others; each
+    group by how often the pieces occur in the texts, most frequent first (ties and absent
+    pieces keep their order). A text's pieces are its words' (pieces never cross a space),
+    so each distinct word is encoded once, ``ORDER_CHUNK`` at a time."""
     processor = spm.SentencePieceProcessor(model_proto=model_proto)
     counts: Counter[int] = Counter()
     characters = {"\u2581"}
-    iterator = iter(texts)
+    iterator = iter((w, n) for w, n in words.items() if w)
     while chunk := list(itertools.islice(iterator, ORDER_CHUNK)):
-        counts.update(i for row in processor.encode(chunk) for i in row)
-        characters.update(c for text in chunk for c in text.replace(" ", "\u2581"))
+        texts = [w for w, _ in chunk]
+        for (_, n), row in zip(chunk, processor.encode(texts), strict=True):
+            for i in row:
+                counts[i] += n
+        characters.update(c for text in texts for c in text)
     spelling = {processor.piece_to_id(c) for c in characters} - {UNK_ID}
     model = sentencepiece_model_pb2.ModelProto()
     model.ParseFromString(model_proto)
@@ -166,17 +170,17 @@ def train_tokenizer(
     *,
     max_sentences: int | None = None,
     seed: int = 0,
-    targets: Iterable[str] | None = None,
+    target_words: Mapping[str, int] | None = None,
     target_vocab_size: int | None = None,
 ) -> Tokenizer:
     """Train a BPE model on ``sentences`` (both languages), save it to ``path``.
 
     ``vocab_size`` is an upper bound: a corpus too small for it gives a smaller vocabulary
     (``Tokenizer.vocab_size``) instead of failing. At most ``max_sentences`` sentences
-    (a deterministic sample) are used. Training is quiet and deterministic. With ``targets``
-    (the target side) the pieces are numbered by their frequency there
-    (:func:`order_by_frequency`); the tokenizer returned limits them to
-    ``target_vocab_size``. ``sentences`` and ``targets`` are read once, as they come.
+    (a deterministic sample) are used. Training is quiet and deterministic. With
+    ``target_words`` (the target side's word counts, complete once ``sentences`` is read)
+    the pieces are numbered by their frequency there (:func:`order_by_frequency`); the
+    tokenizer returned limits them to ``target_vocab_size``. ``sentences`` is read once.
     """
     if not isinstance(vocab_size, int) or vocab_size < MIN_VOCAB_SIZE:
         raise ValueError(
@@ -211,8 +215,8 @@ def train_tokenizer(
     except RuntimeError as e:
         raise ValueError(f"sentencepiece could not train a vocabulary of {vocab_size}: {e}") from e
     proto = model.getvalue()
-    if targets is not None:
-        proto = order_by_frequency(proto, targets)
+    if target_words is not None:
+        proto = order_by_frequency(proto, target_words)
     tokenizer = Tokenizer(proto, target_vocab_size)
     tokenizer.save(path)
     return tokenizer

@@ -173,7 +173,7 @@ def run_info(
         "train_pairs": int(stats["pairs"]),
         "dropped_too_long": int(stats["dropped_too_long"]),
         "max_len": int(config.data.max_len),
-        "batches_per_epoch": int(stats["batches_per_epoch"]),
+        "batches_per_epoch": stats["batches_per_epoch"],  # None: packed, planned as read
         "source_tokens_per_epoch": int(batcher.src_lengths[batcher.kept].sum()),
         "target_tokens_per_epoch": int(batcher.tgt_lengths[batcher.kept].sum()),
         "vocab_size": int(vocab_size),
@@ -187,10 +187,12 @@ def run_info(
 
 def describe_run_info(info: dict[str, Any]) -> str:
     """The line ``train.py`` prints when its training loop starts."""
+    per_epoch = info["batches_per_epoch"]
+    batches = "packed batches" if per_epoch is None else f"{per_epoch} batches"
     return (
         f"{info['train_pairs']} training pairs ({info['dropped_too_long']} longer than "
-        f"data.max_len={info['max_len']} dropped), {info['batches_per_epoch']} batches per "
-        f"epoch; vocabulary {info['vocab_size']}; {info['devices']} device(s), "
+        f"data.max_len={info['max_len']} dropped), {batches} per epoch; "
+        f"vocabulary {info['vocab_size']}; {info['devices']} device(s), "
         f"train.parallel={info['parallel']}"
     )
 
