@@ -295,6 +295,7 @@ class MultiHeadAttention(nn.Module):
     kernels: str = "xla"
     kernel_init: Callable = nn.initializers.xavier_uniform()
     score_fn: ScoreFn | None = None
+    use_bias: bool = False  # biases on the Q, K, V and output projections (not in the paper)
 
     @nn.compact
     def __call__(
@@ -311,7 +312,7 @@ class MultiHeadAttention(nn.Module):
         ops = _kernels.ops(self.kernels)
         proj = lambda name, dim: nn.DenseGeneral(  # noqa: E731
             features=(self.num_heads, dim),
-            use_bias=False,
+            use_bias=self.use_bias,
             dtype=self.dtype,
             param_dtype=self.param_dtype,
             kernel_init=self.kernel_init,
@@ -357,7 +358,7 @@ class MultiHeadAttention(nn.Module):
         out = nn.DenseGeneral(
             features=out_dim,
             axis=(-2, -1),
-            use_bias=False,
+            use_bias=self.use_bias,
             dtype=self.dtype,
             param_dtype=self.param_dtype,
             kernel_init=self.kernel_init,

@@ -31,7 +31,9 @@ class TransformerConfig:
     d_k = d_v = 64, d_ff 2048, 6 + 6 layers, residual dropout 0.1, post-LN, sinusoidal
     positions, one shared 37,000-token vocabulary with tied embedding and pre-softmax
     weights (§3.4). Deviations used by later work are switches: ``norm='pre'``,
-    ``positional='learned'``, ``attention_impl='fused'`` (``'cudnn'`` on GPU),
+    ``positional='learned'``, ``attention_bias``, ``final_norm``, ``layer_norm_eps`` (those
+    of ``torch.nn.Transformer``: :mod:`transformer_jax.interop.torch`),
+    ``attention_impl='fused'`` (``'cudnn'`` on GPU),
     ``dtype=bfloat16`` (or only the matrix products' operands: ``matmul_precision``,
     :mod:`transformer_jax.kernels.precision`); ``scan_layers=True`` compiles each stack's
     layer once (its parameters are then stacked under ``layers`` instead of ``layer_0`` ...
@@ -65,6 +67,10 @@ class TransformerConfig:
     max_len: int = 512
     positional: str = "sinusoidal"  # 'none': no added positions (e.g. a RoPE or ALiBi score_fn)
     norm: str = "post"
+    final_norm: bool | None = None  # a LayerNorm ending each stack; None: with norm='pre' only
+    layer_norm_eps: float = 1e-6  # LayerNorm's epsilon (torch.nn.Transformer: 1e-5)
+    attention_bias: bool = False  # biases on Q, K, V and W^O: not in the paper (torch: True)
+    ffn_bias: bool = True  # b1 and b2 of Eq. 2
     share_embeddings: bool = True  # one source/target embedding matrix (§3.4)
     tie_output: bool = True  # pre-softmax linear = target embedding^T (§3.4)
     pad_id: int = 0
@@ -98,6 +104,12 @@ class TransformerConfig:
             if not 0.0 <= rate < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {rate!r}")
         _choice("norm", self.norm, NORMS)
+        _choice("final_norm", self.final_norm, (None, True, False))
+        for name in ("attention_bias", "ffn_bias"):
+            _choice(name, getattr(self, name), (True, False))
+        eps = self.layer_norm_eps
+        if isinstance(eps, bool) or not isinstance(eps, int | float) or not eps > 0:
+            raise ValueError(f"layer_norm_eps must be a positive number, got {eps!r}")
         _choice("remat", self.remat, REMATS)
         _choice("positional", self.positional, POSITIONALS)
         _choice("attention_impl", self.attention_impl, ATTENTION_IMPLS)
@@ -139,6 +151,11 @@ class TransformerConfig:
     @property
     def tgt_vocab(self) -> int:
         return self.tgt_vocab_size or self.vocab_size
+
+    @property
+    def uses_final_norm(self) -> bool:
+        """Whether each stack ends in a LayerNorm: ``final_norm``, else only with pre-LN."""
+        return self.norm == "pre" if self.final_norm is None else self.final_norm
 
     @property
     def target_platform(self) -> str:
