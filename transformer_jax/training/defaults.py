@@ -21,8 +21,9 @@ def model_defaults() -> ml_collections.ConfigDict:
         value = field.default
         if field.name in ("dtype", "param_dtype"):
             value = "float32"
-        elif value is None:  # Optional[int]: overridable from the command line
-            value = ml_collections.config_dict.placeholder(int)
+        elif value is None:  # Optional[int] or Optional[bool]: overridable from the command line
+            kind = bool if str(field.type).startswith("bool") else int
+            value = ml_collections.config_dict.placeholder(kind)
         values[field.name] = value
     return ml_collections.ConfigDict(values)
 
