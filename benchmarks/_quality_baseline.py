@@ -4,7 +4,6 @@ reading the results it prints, and the side-by-side comparison with the project'
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import time
@@ -12,7 +11,6 @@ from typing import Any
 
 from _common import ROOT, table
 
-DEFAULT_TORCH_SCRIPT = os.path.join(os.path.dirname(ROOT), "shared", "bench", "multi30k_torch.py")
 TORCH_ARGS = "--warmup 200 --lr_scale 0.5"  # the baseline's settings for a 30-minute budget
 # The files the baseline reads: {split}.{lang} for these splits and languages.
 TORCH_DATA = {"train_split": "train", "eval_split": "val", "test_split": "test_2016_flickr"}

@@ -21,6 +21,7 @@ from transformer_jax.training.checkpoints import load_run
 from transformer_jax.training.evaluator import evaluate_loss
 from transformer_jax.training.logs import read_metrics, read_run_info
 from transformer_jax.training.parallel import DataParallel
+from transformer_jax.training.schema import resolve_auto
 
 
 def run_summary(workdir: str, step: int, train_wall_s: float) -> dict[str, Any]:
@@ -105,7 +106,7 @@ def evaluate(
 
     loaded = [load_run(workdir, checkpoint) for workdir in workdirs]
     config = loaded[0][0]
-    model_configs = [from_config_dict(run.model) for run, _, _ in loaded]
+    model_configs = [resolve_auto(from_config_dict(run.model)) for run, _, _ in loaded]
     tokenizer = shared_tokenizer(workdirs, model_configs[0].tgt_vocab)
     params = [p for _, p, _ in loaded]
     if len(workdirs) == 1:

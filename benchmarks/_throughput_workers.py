@@ -27,14 +27,12 @@ class JaxStep:
         import jax
 
         from transformer_jax import Transformer, TransformerConfig
-        from transformer_jax.model.config import to_dtype
         from transformer_jax.training.optimizer import transformer_optimizer, transformer_schedule
         from transformer_jax.training.parallel import DataParallel
         from transformer_jax.training.steps import create_train_state, train_step
 
         options = VARIANTS[variant]
         fields = {**setting.model, **options.get("model", {})}
-        fields["dtype"] = to_dtype(fields.get("dtype", "float32"))
         fields["kernels"] = kernels
         self.config = TransformerConfig(**fields)
         model = Transformer(self.config)

@@ -72,7 +72,7 @@ def write_corpus(directory: str, n: int, seed: int = 0) -> dict[str, float]:
 
 
 def data_config(directory: str, smoke: bool) -> Any:
-    from transformer_jax.training.defaults import default_config
+    from transformer_jax.training.schema import default_config
 
     config = default_config().data
     config.update(source="text", text_dir=directory)

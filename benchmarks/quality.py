@@ -17,7 +17,7 @@ budget. Reported: BLEU, steps, epochs, the training loop's tokens/s and the loss
 curve, read from the files the run writes (``{workdir}/run_info.json`` and
 ``metrics.jsonl``).
 
-``--vs-torch`` first runs the PyTorch baseline (``../shared/bench/multi30k_torch.py``, a
+``--vs-torch`` first runs the PyTorch baseline (``--torch-script PATH``, a script training a
 plain ``torch.nn.Transformer`` of the same size) for the same minutes on the same data,
 then the project's run, and prints both side by side with the difference. The baseline's
 clock counts its training steps only (not its tokenizer, encoding, validation or
@@ -55,7 +55,6 @@ from typing import Any
 import _common  # noqa: F401  (puts the repository root on sys.path)
 from _common import ROOT, describe_machine, machine, write_json
 from _quality_baseline import (
-    DEFAULT_TORCH_SCRIPT,
     TORCH_ARGS,
     TORCH_DATA,
     TORCH_LANGS,
@@ -139,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="first run the PyTorch baseline for the same minutes; print both side by side",
     )
     parser.add_argument(
-        "--torch-script", default=DEFAULT_TORCH_SCRIPT, help="the baseline (--vs-torch)"
+        "--torch-script", help="the baseline script that --vs-torch runs (required with it)"
     )
     parser.add_argument(
         "--torch-args", default=TORCH_ARGS, help="the baseline's other arguments (--vs-torch)"
@@ -175,6 +174,8 @@ def check_vs_torch(args: argparse.Namespace, marks: list[float]) -> None:
     """ValueError, before anything runs, if the baseline cannot run as asked."""
     if len(marks) > 1:
         raise ValueError(f"--vs-torch compares one budget, got --minutes {args.minutes}")
+    if not args.torch_script:
+        raise ValueError("--vs-torch needs --torch-script PATH (the baseline script)")
     if not os.path.isfile(args.torch_script):
         raise ValueError(f"--vs-torch: no baseline script at {args.torch_script} (--torch-script)")
     if not torch_installed():

@@ -372,6 +372,8 @@ def test_quality_vs_torch_refuses_in_one_line_before_anything_runs(tmp_path, mon
     data, run = tmp_path / "text", tmp_path / "run"
     data.mkdir()
     args = ["--minutes", "1", "--vs-torch", "--data-dir", str(data), "--workdir", str(run)]
+    with pytest.raises(ValueError, match="--vs-torch needs --torch-script PATH"):
+        quality.main(args)
     missing = str(tmp_path / "absent.py")
     cli = subprocess.run(
         [sys.executable, f"{BENCHMARKS}/quality.py", *args, "--torch-script", missing],

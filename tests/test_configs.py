@@ -9,6 +9,7 @@ import pytest
 from conftest import ROOT
 
 from transformer_jax.configs import NAMES
+from transformer_jax.kernels import cpuinfo
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.training.validation import validate_config
 
@@ -96,14 +97,29 @@ def test_multi30k_ensemble_members_take_60s_model_with_their_own_schedule():
     assert member.to_dict() == single.to_dict()
 
 
+def test_loading_a_config_reads_nothing_of_the_host(monkeypatch):
+    """The configs name host-dependent choices 'auto' (multi30k: the products' arithmetic);
+    loading one never reads the CPU's flags."""
+
+    def refuse(path=cpuinfo.CPUINFO):
+        raise AssertionError("a config read /proc/cpuinfo while loading")
+
+    monkeypatch.setattr(cpuinfo, "cpu_flags", refuse)
+    for name in NAMES:
+        load(name)
+    for budget in ("30", "60", "60x2"):
+        assert load("multi30k", budget).model.matmul_precision == "auto"
+
+
 @pytest.mark.parametrize(
     "flags,expected", [("avx2 avx512f avx512_bf16", "bfloat16"), ("avx2", "float32")]
 )
-def test_multi30k_multiplies_in_the_cpus_fastest_arithmetic(monkeypatch, flags, expected):
-    """bfloat16 products on CPUs with bfloat16 instructions, float32 on others (tuned on val)."""
-    from transformer_jax.kernels import cpuinfo
-
+def test_multi30k_multiplies_in_the_cpus_fastest_arithmetic(monkeypatch, tmp_path, flags, expected):
+    """Validation at run start resolves 'auto': bfloat16 products on CPUs with bfloat16
+    instructions, float32 on others."""
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")
     monkeypatch.setattr(cpuinfo, "cpu_flags", lambda path=cpuinfo.CPUINFO: frozenset(flags.split()))
-    for budget in ("30", "60", "60x2"):
-        assert load("multi30k", budget).model.matmul_precision == expected
+    config = load("multi30k")
+    config.data.text_dir = str(tmp_path)
+    assert validate_config(config).matmul_precision == expected
+    assert config.model.matmul_precision == "auto"  # config.json keeps the choice

@@ -24,7 +24,7 @@ from transformer_jax.inference.bleu import bleu, tokenized_bleu
 from transformer_jax.inference.translation import translate_lines
 from transformer_jax.model.config import from_config_dict
 from transformer_jax.training.checkpoints import CHECKPOINT_DIR, load_run, save_params
-from transformer_jax.training.defaults import default_config
+from transformer_jax.training.schema import default_config
 
 SENTENCES = [
     "The cat sits on the mat.",

@@ -11,7 +11,7 @@ from transformer_jax.data import batching, pipeline, plans
 from transformer_jax.data.batching import Batcher, EncodedPairs, TrainIterator, eval_batches
 from transformer_jax.data.synthetic import synthetic_pairs
 from transformer_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from transformer_jax.training.defaults import default_config
+from transformer_jax.training.schema import default_config
 
 MAX_LEN = 32
 

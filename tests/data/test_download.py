@@ -10,7 +10,7 @@ import pytest
 from transformer_jax.cli.download import main
 from transformer_jax.data.download import MULTI30K_LANGS, MULTI30K_SPLITS, download_multi30k
 from transformer_jax.data.sources import load_pairs
-from transformer_jax.training.defaults import default_config
+from transformer_jax.training.schema import default_config
 
 
 def raw_copy(folder, lines=MULTI30K_SPLITS):

@@ -20,7 +20,7 @@ from conftest import ROOT
 from transformer_jax.data import pipeline, prepared
 from transformer_jax.data.batching import Batcher, TrainIterator
 from transformer_jax.data.sources import ReadCounts, load_pairs, stream_pairs
-from transformer_jax.training.defaults import default_config
+from transformer_jax.training.schema import default_config
 from transformer_jax.training.validation import validate_config
 
 # Digests of tokenizer, ids and 2 x 2 x (epoch + 5) batches (bucketed and packed, process 0
@@ -252,7 +252,7 @@ SHARE = textwrap.dedent(
     import json, sys
     from transformer_jax.data import pipeline
     from transformer_jax.training import distributed
-    from transformer_jax.training.defaults import default_config
+    from transformer_jax.training.schema import default_config
 
     port, index, text_dir, workdir = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
     assert distributed.initialize(False, coordinator_address=f"127.0.0.1:{port}",

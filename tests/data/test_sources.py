@@ -12,7 +12,7 @@ from transformer_jax.data.sources import (
     stream_parallel_text,
     stream_tfds,
 )
-from transformer_jax.training.defaults import default_config
+from transformer_jax.training.schema import default_config
 
 
 def read_parallel_text(src_path, tgt_path):

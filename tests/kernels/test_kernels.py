@@ -9,8 +9,8 @@ from conftest import TINY_CONFIG
 
 from transformer_jax import Transformer, kernels, options
 from transformer_jax.kernels import precision
-from transformer_jax.training.defaults import default_config
 from transformer_jax.training.loss import loss_and_metrics
+from transformer_jax.training.schema import default_config
 from transformer_jax.training.validation import validate_config
 
 CFG = TINY_CONFIG.replace(attention_dropout_rate=0.1)

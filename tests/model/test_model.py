@@ -11,7 +11,7 @@ from conftest import TINY_CONFIG
 from transformer_jax import Decoder, Encoder, Transformer, TransformerConfig
 from transformer_jax.model.config import from_config_dict
 from transformer_jax.model.layers import EncoderLayer
-from transformer_jax.training.defaults import default_config
+from transformer_jax.training.schema import default_config
 
 TINY = TINY_CONFIG.replace(vocab_size=40, d_model=32, num_heads=4, d_ff=64)
 
@@ -249,10 +249,10 @@ def test_both_norms_learn_a_copy_task(norm):
         ("attention_dropout_rate", -0.1, "attention_dropout_rate"),
         ("num_encoder_layers", -1, "num_encoder_layers"),
         ("pad_id", 37000, "pad_id"),
-        ("layer_norm_eps", 0.0, "layer_norm_eps must be a positive number"),
-        ("layer_norm_eps", "1e-5", "layer_norm_eps must be a positive number"),
-        ("final_norm", "yes", "final_norm must be one of"),
-        ("attention_bias", None, "attention_bias must be one of"),
+        ("layer_norm_eps", 0.0, "layer_norm_eps must be a number > 0"),
+        ("layer_norm_eps", "1e-5", "layer_norm_eps must be a number > 0"),
+        ("final_norm", "yes", "final_norm must be True or False or None"),
+        ("attention_bias", None, "attention_bias must be True or False"),
     ],
 )
 def test_bad_config_raises_value_error(field, value, match):

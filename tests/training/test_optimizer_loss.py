@@ -8,7 +8,6 @@ import numpy as np
 import optax
 import pytest
 
-from transformer_jax.training.defaults import default_config
 from transformer_jax.training.loss import (
     loss_and_metrics,
     smoothed_cross_entropy,
@@ -21,6 +20,7 @@ from transformer_jax.training.optimizer import (
     with_cooldown,
 )
 from transformer_jax.training.run import init_state, run_schedule
+from transformer_jax.training.schema import default_config
 from transformer_jax.training.steps import apply_gradients, create_train_state
 from transformer_jax.training.validation import validate_config
 

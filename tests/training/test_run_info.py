@@ -1,6 +1,7 @@
 """``{workdir}/run_info.json``: the facts a started run prints, in a file tools read."""
 
 import dataclasses
+import json
 import os
 import sys
 
@@ -9,6 +10,7 @@ import pytest
 from conftest import ROOT
 
 from transformer_jax.data.batching import Batcher, EncodedPairs, TrainIterator
+from transformer_jax.kernels import cpuinfo
 from transformer_jax.training.logs import (
     RUN_INFO_FILE,
     describe_run_info,
@@ -41,13 +43,14 @@ def test_run_info_counts_pairs_batches_and_tokens_with_their_eos():
     batcher = Batcher(pairs, tokens_per_batch=8, max_len=4)
     config = _config(steps=1)
     config.data.max_len = 4
-    info = run_info(config, 300, TrainIterator(batcher))
+    info = run_info(config, 300, TrainIterator(batcher), "float32")
     assert info["train_pairs"] == 2 and info["dropped_too_long"] == 1 and info["max_len"] == 4
     assert info["source_tokens_per_epoch"] == (2 + 1) + (1 + 1)
     assert info["target_tokens_per_epoch"] == (3 + 1) + (2 + 1)
     assert info["batches_per_epoch"] == 1 and info["vocab_size"] == 300
     assert info["devices"] >= 1 and info["processes"] == 1 and info["parallel"] == "pmap"
     assert info["skipped_empty"] == 2 and info["replaced_lines"] == 1
+    assert info["matmul_precision"] == "float32"
     assert describe_run_info(info).startswith(
         "2 training pairs (1 longer than data.max_len=4 dropped), 1 batches per epoch; "
         "vocabulary 300; "
@@ -75,13 +78,25 @@ def compilation_cache(tmp_path):
         jax.config.update(name, value)
 
 
-def test_the_loop_writes_what_it_prints_and_a_resume_keeps_it(tmp_path, capsys, compilation_cache):
+def test_the_loop_writes_what_it_prints_and_a_resume_keeps_it(
+    tmp_path, capsys, compilation_cache, monkeypatch
+):
+    """... and the products' arithmetic that ``model.matmul_precision='auto'`` chose at the
+    start (float32 on a CPU without bfloat16 instructions), config.json keeping 'auto'."""
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    monkeypatch.setattr(cpuinfo, "cpu_flags", lambda path=cpuinfo.CPUINFO: frozenset({"avx2"}))
     workdir = str(tmp_path / "run")
-    assert train_and_evaluate(_config(steps=1), workdir)["complete"]
+    config = _config(steps=1)
+    config.model.matmul_precision = "auto"
+    assert train_and_evaluate(config, workdir)["complete"]
     info = read_run_info(workdir)
+    assert info["matmul_precision"] == "float32"
+    with open(os.path.join(workdir, "config.json")) as f:
+        assert json.load(f)["model"]["matmul_precision"] == "auto"
     assert describe_run_info(info) in capsys.readouterr().out
     assert info["train_pairs"] > 0 and info["batches_per_epoch"] > 0
     assert info["target_tokens_per_epoch"] > info["train_pairs"]  # at least one piece + EOS
     assert 0 < info["vocab_size"] <= 300
-    assert train_and_evaluate(_config(steps=2), workdir)["step"] == 2  # resumed
+    config.train.num_steps = 2
+    assert train_and_evaluate(config, workdir)["step"] == 2  # resumed
     assert read_run_info(workdir) == info

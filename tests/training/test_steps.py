@@ -12,7 +12,7 @@ from conftest import TINY_CONFIG
 from transformer_jax import Transformer
 from transformer_jax.ids import BOS_ID, EOS_ID
 from transformer_jax.model.transformer import Decoder
-from transformer_jax.training import defaults
+from transformer_jax.training import schema
 from transformer_jax.training.optimizer import transformer_optimizer, transformer_schedule
 from transformer_jax.training.steps import (
     accumulate_gradients,
@@ -124,7 +124,7 @@ def test_decoder_only_model_learns_a_sequence():
 
 
 def test_bad_convention_in_the_run_config_names_the_field():
-    config = defaults.default_config()
+    config = schema.default_config()
     config.train.label_smoothing_convention = "pytorch"
     with pytest.raises(ValueError, match="train.label_smoothing_convention"):
         validate_config(config)

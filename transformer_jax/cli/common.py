@@ -14,6 +14,7 @@ from transformer_jax.data.sources import split_lines
 from transformer_jax.data.tokenizer import Tokenizer, load_tokenizer
 from transformer_jax.model.config import TransformerConfig, from_config_dict
 from transformer_jax.training.checkpoints import load_run, parse_checkpoint
+from transformer_jax.training.schema import resolve_auto
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +31,7 @@ def load(workdir: str, checkpoint: str) -> tuple[Any, TransformerConfig, Any, To
     tokenizer = load_tokenizer(os.path.join(workdir, "tokenizer.model"))
     run, params, step = load_run(workdir, checkpoint)
     log.info("loaded %s checkpoint (step %d) from %s", checkpoint, step, workdir)
-    model = from_config_dict(run.model)
+    model = resolve_auto(from_config_dict(run.model))  # 'auto' choices: this host's
     return run, model, params, Tokenizer(tokenizer.model_proto, model.tgt_vocab)
 
 

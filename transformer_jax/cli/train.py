@@ -12,9 +12,9 @@ workdir defaults to ``runs/<config name>``. Rerunning resumes from the last chec
 ``--coordinator_address``, ``--num_processes`` and ``--process_id``, or what SLURM, Open MPI
 or Kubernetes tell JAX; each process trains on its share of every batch;
 ``--initialization_timeout`` and ``--peer_timeout`` bound how long the processes wait for
-each other before every one stops with one line. The config fields and their defaults are
-in ``transformer_jax/configs/tiny.py`` and ``training/defaults.py``;
-a run's resolved config is ``{workdir}/config.json``.
+each other before every one stops with one line. The config fields, with their types,
+defaults, checks and help, are listed at the end of ``--help`` (``training/schema.py``);
+a run's config is ``{workdir}/config.json``.
 
 Exit codes: 0 trained and evaluated (or already complete); 1 an error, printed as one line
 (a bad config value or file, data, a non-finite loss, a full disk); 2 a bad command line;
@@ -40,7 +40,7 @@ from ml_collections import config_flags
 
 from transformer_jax.configs import NAMES, config_file
 from transformer_jax.kernels import configure_process
-from transformer_jax.training import distributed, peers
+from transformer_jax.training import distributed, peers, schema
 from transformer_jax.training.loop import train_and_evaluate
 
 EXIT_ERROR, EXIT_USAGE, EXIT_PREEMPTED, EXIT_INTERRUPTED = 1, 2, 75, 130
@@ -121,10 +121,11 @@ class _NamedConfigParser(flags.ArgumentParser):
 
 
 def _usage(doc: str, own_flag: str, full: bool) -> NoReturn:
-    """``doc`` and the command's flags (all of absl's with ``--helpfull``); exit 0."""
+    """``doc``, the command's flags (all of absl's with ``--helpfull``) and the config fields;
+    exit 0."""
     modules = dict.fromkeys(FLAGS.find_module_defining_flag(n) for n in ("config", own_flag))
     help_text = FLAGS.get_help() if full else "\n".join(map(FLAGS.module_help, modules))
-    print(f"{doc}\nflags:\n{help_text}")
+    print(f"{doc}\nflags:\n{help_text}\n\n{schema.help_text()}")
     sys.exit(0)
 
 

@@ -14,7 +14,7 @@ per H100 80GB, and one H100 holds steps of up to ~199,000 (``python -m
 transformer_jax.plan``, README "GPUs": a deviceless compile, not a measurement).
 """
 
-from transformer_jax.training.defaults import default_config
+from transformer_jax.training.schema import default_config
 
 
 def get_config():

@@ -15,8 +15,7 @@ Results: ``benchmarks/README.md``; the settings tried:
 ``python benchmarks/tables.py --benchmark quality --notes``.
 """
 
-from transformer_jax.kernels import fast_matmul_precision
-from transformer_jax.training.defaults import default_config
+from transformer_jax.training.schema import default_config
 
 BUDGETS = ("30", "60", "60x2")  # minutes of training (x models side by side)
 
@@ -33,8 +32,9 @@ def get_config(budget: str = "30"):
     config.model.num_decoder_layers = 3
     config.model.dropout_rate = 0.1  # the paper's base P_drop
     # bfloat16 operands with float32 accumulation where the target multiplies bfloat16 in
-    # hardware (CPUs with AVX-512 BF16 or AMX), float32 products on other CPUs
-    config.model.matmul_precision = fast_matmul_precision(config.model.platform)
+    # hardware (CPUs with AVX-512 BF16 or AMX), float32 products on other CPUs: chosen at run
+    # start and recorded in run_info.json
+    config.model.matmul_precision = "auto"
     config.model.max_len = 128  # positions for the longest caption plus decoding's extra 50
 
     config.data.source = "text"

@@ -5,7 +5,7 @@ sinusoidal positions, shared and tied embeddings, label smoothing 0.1, Adam with
 warmup schedule); only the sizes, the batch and the schedule length are scaled down.
 """
 
-from transformer_jax.training.defaults import default_config
+from transformer_jax.training.schema import default_config
 
 
 def get_config():

@@ -1,4 +1,8 @@
-"""``TransformerConfig``: one frozen dataclass passed to every module (defaults: paper base)."""
+"""``TransformerConfig``: one frozen dataclass passed to every module (defaults: paper base).
+
+It is the ``model`` section of a run's config: each field is declared once here with its
+default, check and help (:func:`transformer_jax.fields.setting`).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,16 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from transformer_jax.fields import (
+    FLAG,
+    check_values,
+    integer,
+    number,
+    one_of,
+    optional,
+    predicate,
+    setting,
+)
 from transformer_jax.options import (
     ATTENTION_IMPLS,
     CUDA_PLATFORMS,
@@ -21,6 +35,19 @@ NORMS = ("post", "pre")
 POSITIONALS = ("sinusoidal", "learned", "none")
 REMATS = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+def dtype_name(value: Any) -> str | None:
+    """'float32' for ``'float32'`` or ``jnp.float32``; None for what is not a dtype."""
+    if isinstance(value, str):
+        return value
+    try:
+        return jnp.dtype(value).name
+    except TypeError:
+        return None
+
+
+DTYPE = predicate(f"one of {tuple(DTYPES)}", lambda value: dtype_name(value) in DTYPES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,71 +78,100 @@ class TransformerConfig:
     Variants are made with ``config.replace(decode=True)``.
     """
 
-    vocab_size: int = 37000
-    src_vocab_size: int | None = None  # None: the shared vocab_size (paper)
-    tgt_vocab_size: int | None = None  # None: vocab_size; shared: the first this many pieces
-    d_model: int = 512
-    num_heads: int = 8
-    qk_dim: int | None = None  # d_k per head; None: d_model // num_heads
-    v_dim: int | None = None  # d_v per head; None: d_model // num_heads
-    d_ff: int = 2048
-    num_encoder_layers: int = 6
-    num_decoder_layers: int = 6
-    dropout_rate: float = 0.1  # P_drop: sub-layer outputs and embeddings + positions (§5.4)
-    attention_dropout_rate: float = 0.0  # not in the paper; tensor2tensor used 0.1 later
-    word_dropout_rate: float = 0.0  # not in the paper: whole input tokens' embeddings zeroed
-    max_len: int = 512
-    positional: str = "sinusoidal"  # 'none': no added positions (e.g. a RoPE or ALiBi score_fn)
-    norm: str = "post"
-    final_norm: bool | None = None  # a LayerNorm ending each stack; None: with norm='pre' only
-    layer_norm_eps: float = 1e-6  # LayerNorm's epsilon (torch.nn.Transformer: 1e-5)
-    attention_bias: bool = False  # biases on Q, K, V and W^O: not in the paper (torch: True)
-    ffn_bias: bool = True  # b1 and b2 of Eq. 2
-    share_embeddings: bool = True  # one source/target embedding matrix (§3.4)
-    tie_output: bool = True  # pre-softmax linear = target embedding^T (§3.4)
-    pad_id: int = 0
-    dtype: Any = jnp.float32  # compute dtype; softmax, LayerNorm stats and loss stay float32
-    param_dtype: Any = jnp.float32
-    matmul_precision: str = "float32"  # 'float32' (paper) | 'tf32' | 'bfloat16' operands
-    attention_impl: str = "reference"
-    decode: bool = False  # incremental decoding over the KV cache
-    sow_attention_weights: bool = False  # store weights in the 'intermediates' collection
-    scan_layers: bool = False  # nn.scan over each stack: compile one layer, params stacked
-    remat: str = "none"  # recompute each layer in the backward pass: 'full' or a checkpoint policy
-    kernels: str = "auto"  # 'auto' | 'xla' | 'cpu' (transformer_jax.kernels)
-    platform: str = "auto"  # the target: 'cpu' | 'gpu' | 'cuda' | 'rocm' | 'tpu'
+    vocab_size: int = setting(
+        37000, "shared BPE vocabulary: pieces of both languages (§5.1)", integer(1)
+    )
+    src_vocab_size: int | None = setting(
+        None, "source vocabulary; None: vocab_size (the paper's shared one)", optional(integer(1))
+    )
+    tgt_vocab_size: int | None = setting(
+        None,
+        "target vocabulary; None: vocab_size; shared: the first this many pieces",
+        optional(integer(1)),
+    )
+    d_model: int = setting(512, "width of every sub-layer's output (§3.1)", integer(1))
+    num_heads: int = setting(8, "h: attention heads (§3.2.2)", integer(1))
+    qk_dim: int | None = setting(
+        None, "d_k per head; None: d_model // num_heads", optional(integer(1))
+    )
+    v_dim: int | None = setting(
+        None, "d_v per head; None: d_model // num_heads", optional(integer(1))
+    )
+    d_ff: int = setting(2048, "inner width of the position-wise FFN (§3.3)", integer(1))
+    num_encoder_layers: int = setting(6, "N: encoder layers (§3.1)", integer(0))
+    num_decoder_layers: int = setting(6, "N: decoder layers (§3.1)", integer(0))
+    dropout_rate: float = setting(
+        0.1, "P_drop: sub-layer outputs and embeddings + positions (§5.4)", number(0, 1)
+    )
+    attention_dropout_rate: float = setting(
+        0.0, "dropout of the attention weights (not in the paper; tensor2tensor: 0.1)", number(0, 1)
+    )
+    word_dropout_rate: float = setting(
+        0.0, "whole input tokens' embeddings zeroed (not in the paper)", number(0, 1)
+    )
+    max_len: int = setting(512, "positions the model encodes: the longest sequence", integer(1))
+    positional: str = setting(
+        "sinusoidal", "added positions; 'none' for a RoPE or ALiBi score_fn", one_of(*POSITIONALS)
+    )
+    norm: str = setting("post", "'post': LayerNorm(x + sublayer(x)) (paper); 'pre'", one_of(*NORMS))
+    final_norm: bool | None = setting(
+        None, "a LayerNorm ending each stack; None: with norm='pre' only", optional(FLAG)
+    )
+    layer_norm_eps: float = setting(
+        1e-6, "LayerNorm's epsilon (torch.nn.Transformer: 1e-5)", number(0, low_open=True)
+    )
+    attention_bias: bool = setting(
+        False, "biases on Q, K, V and W^O: not in the paper (torch: True)", FLAG
+    )
+    ffn_bias: bool = setting(True, "b1 and b2 of Eq. 2", FLAG)
+    share_embeddings: bool = setting(True, "one source/target embedding matrix (§3.4)", FLAG)
+    tie_output: bool = setting(True, "pre-softmax linear = target embedding^T (§3.4)", FLAG)
+    pad_id: int = setting(0, "the padding token's id", integer(0))
+    dtype: Any = setting(
+        jnp.float32, "compute dtype; softmax, LayerNorm stats and loss stay float32", DTYPE
+    )
+    param_dtype: Any = setting(jnp.float32, "dtype of the parameters and Adam's state", DTYPE)
+    matmul_precision: str = setting(
+        "float32",
+        "products' operands: 'float32' (paper), 'tf32', 'bfloat16'; 'auto': the target's "
+        "fastest, chosen at run start",
+        one_of("auto", *MATMUL_PRECISIONS),
+    )
+    attention_impl: str = setting(
+        "reference", "'reference' (Eq. 1), 'fused' or 'cudnn' (GPU)", one_of(*ATTENTION_IMPLS)
+    )
+    decode: bool = setting(False, "incremental decoding over the KV cache", FLAG)
+    sow_attention_weights: bool = setting(
+        False, "store attention weights in the 'intermediates' collection", FLAG
+    )
+    scan_layers: bool = setting(
+        False, "nn.scan over each stack: compile one layer, parameters stacked", FLAG
+    )
+    remat: str = setting(
+        "none",
+        "recompute each layer in the backward pass: 'full' or a checkpoint policy",
+        one_of(*REMATS),
+    )
+    kernels: str = setting(
+        "auto",
+        "kernel set: 'auto' ('cpu' on the CPU target, else 'xla'), 'xla', 'cpu'",
+        one_of(*KERNELS),
+    )
+    platform: str = setting(
+        "auto",
+        "the target: 'auto' (JAX's backend), 'cpu', 'gpu', 'cuda', 'rocm', 'tpu'",
+        one_of(*PLATFORMS),
+    )
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "d_model", "num_heads", "d_ff", "max_len"):
-            _positive(name, getattr(self, name))
-        for name in ("num_encoder_layers", "num_decoder_layers"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
-                raise ValueError(f"{name} must be an integer >= 0, got {getattr(self, name)!r}")
-        for name in ("src_vocab_size", "tgt_vocab_size", "qk_dim", "v_dim"):
-            if getattr(self, name) is not None:
-                _positive(name, getattr(self, name))
+        check_values(TransformerConfig, vars(self))
+        for name in ("dtype", "param_dtype"):  # a dtype's name, as in a config file
+            object.__setattr__(self, name, DTYPES[dtype_name(getattr(self, name))])
         if (self.qk_dim is None or self.v_dim is None) and self.d_model % self.num_heads:
             raise ValueError(
                 f"d_model={self.d_model} must be divisible by num_heads={self.num_heads} "
                 "unless qk_dim and v_dim are both set"
             )
-        for name in ("dropout_rate", "attention_dropout_rate", "word_dropout_rate"):
-            rate = getattr(self, name)
-            if not 0.0 <= rate < 1.0:
-                raise ValueError(f"{name} must be in [0, 1), got {rate!r}")
-        _choice("norm", self.norm, NORMS)
-        _choice("final_norm", self.final_norm, (None, True, False))
-        for name in ("attention_bias", "ffn_bias"):
-            _choice(name, getattr(self, name), (True, False))
-        eps = self.layer_norm_eps
-        if isinstance(eps, bool) or not isinstance(eps, int | float) or not eps > 0:
-            raise ValueError(f"layer_norm_eps must be a positive number, got {eps!r}")
-        _choice("remat", self.remat, REMATS)
-        _choice("positional", self.positional, POSITIONALS)
-        _choice("attention_impl", self.attention_impl, ATTENTION_IMPLS)
-        _choice("matmul_precision", self.matmul_precision, MATMUL_PRECISIONS)
-        _choice("kernels", self.kernels, KERNELS)
-        _choice("platform", self.platform, PLATFORMS)
         if self.attention_impl == "cudnn":
             if self.platform not in (*CUDA_PLATFORMS, "auto"):
                 raise ValueError(
@@ -181,25 +237,6 @@ class TransformerConfig:
         return dataclasses.replace(self, **changes)
 
 
-def _positive(name: str, value: Any) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-
-
-def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
-
-
-def to_dtype(name: str | Any) -> Any:
-    """'float32' | 'bfloat16' | 'float16' (or a dtype) -> a jnp dtype."""
-    if not isinstance(name, str):
-        return name
-    if name not in DTYPES:
-        raise ValueError(f"dtype must be one of {tuple(DTYPES)}, got {name!r}")
-    return DTYPES[name]
-
-
 def from_config_dict(model: Any) -> TransformerConfig:
     """Build a ``TransformerConfig`` from the ``model`` part of an ml_collections config.
 
@@ -210,7 +247,4 @@ def from_config_dict(model: Any) -> TransformerConfig:
     unknown = sorted(set(values) - fields)
     if unknown:
         raise ValueError(f"unknown model config fields {unknown}; allowed: {sorted(fields)}")
-    for key in ("dtype", "param_dtype"):
-        if key in values:
-            values[key] = to_dtype(values[key])
     return TransformerConfig(**values)

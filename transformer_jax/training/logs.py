@@ -152,10 +152,14 @@ def read_metrics(workdir: str) -> list[dict[str, Any]]:
 
 
 def run_info(
-    config: ml_collections.ConfigDict, vocab_size: int, train_iter: TrainIterator
+    config: ml_collections.ConfigDict,
+    vocab_size: int,
+    train_iter: TrainIterator,
+    matmul_precision: str,
 ) -> dict[str, Any]:
     """The facts of a started run: training pairs kept and dropped, batches and tokens per
-    epoch (source and target, each with its EOS), vocabulary, devices, processes, parallelism."""
+    epoch (source and target, each with its EOS), vocabulary, devices, processes, parallelism
+    and the products' arithmetic (``model.matmul_precision``, an 'auto' resolved here)."""
     stats, batcher = train_iter.stats(), train_iter.batcher
     return {
         "train_pairs": int(stats["pairs"]),
@@ -168,6 +172,7 @@ def run_info(
         "devices": jax.device_count(),
         "processes": jax.process_count(),
         "parallel": str(config.train.parallel),
+        "matmul_precision": matmul_precision,
         **batcher.pairs.read_counts,  # skipped_empty, replaced_lines
     }
 

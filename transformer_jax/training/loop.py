@@ -50,7 +50,7 @@ def train_and_evaluate(
     (``lock_workdir``). Returns the final evaluation results, or ``{'step': ...,
     'complete': False, 'stopped_by': 'SIGTERM'}`` when a signal stopped it. SIGTERM's handler
     once training has stopped is ``sigterm_after``, by default the one it had before."""
-    model_config = validate_config(config)  # before the workdir is created
+    model_config = validate_config(config)  # before the workdir is created; 'auto' resolved
     check_host(model_config)
     with entered_by_process_zero(lambda: lock_workdir(workdir)):  # refused on every process
         return _train_and_evaluate(config, model_config, workdir, sigterm_after)
@@ -77,7 +77,7 @@ def _train_and_evaluate(
     train_iter = data_lib.train_iterator(
         config.data, workdir, run.tokenizer, jax.device_count(), data_state or None
     )
-    info = run_info(config, run.tokenizer.vocab_size, train_iter)
+    info = run_info(config, run.tokenizer.vocab_size, train_iter, model_config.matmul_precision)
     if jax.process_index() == 0:
         write_run_info(workdir, info)
     print(describe_run_info(info))

@@ -17,7 +17,6 @@ from transformer_jax import data as data_lib
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.training import checkpoints
-from transformer_jax.training.defaults import default_config
 from transformer_jax.training.distributed import from_process_zero
 from transformer_jax.training.optimizer import (
     transformer_optimizer,
@@ -25,27 +24,9 @@ from transformer_jax.training.optimizer import (
     with_cooldown,
 )
 from transformer_jax.training.parallel import DataParallel
+from transformer_jax.training.schema import RESUMABLE, default_config
 from transformer_jax.training.steps import TrainState, create_train_state
 
-# Fields a resumed run may change: when and what it logs, saves and evaluates, how long it
-# trains, how it decodes, where its data lives. Any other change makes another run.
-RESUMABLE = (
-    "train.num_steps",
-    "train.log_every",
-    "train.eval_every",
-    "train.eval_sentences",
-    "train.checkpoint_every",
-    "train.keep_checkpoints",
-    "train.final_test",
-    "train.test_sentences",
-    "train.samples",
-    "train.parallel",
-    "train.prefetch",
-    "data.text_dir",
-    "data.tfds_data_dir",
-    "data.data_dir",
-    "decode.",
-)
 CONFIG_HISTORY_FILE = "config_history.jsonl"
 
 
@@ -81,7 +62,7 @@ def check_resumable(config: ml_collections.ConfigDict, workdir: str) -> dict[str
     directory = os.path.join(workdir, checkpoints.CHECKPOINT_DIR)
     has_checkpoints = os.path.isdir(directory) and any(map(str.isdigit, os.listdir(directory)))
     changes = config_changes(saved, config)
-    refused = {k: v for k, v in changes.items() if not k.startswith(RESUMABLE)}
+    refused = {k: v for k, v in changes.items() if k not in RESUMABLE}
     if has_checkpoints and refused:
         listed = ", ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in refused.items())
         raise ValueError(
