@@ -2,7 +2,7 @@
 
 Every module under ``transformer_jax/`` (and ``train.py``) is parsed with ``ast``; an edge
 ``a -> b`` is an import of package module ``b`` anywhere in ``a`` (top level or in a function).
-Imports flow one way: kernels <- model <- data/training/inference <- configs <- cli
+Imports flow one way: kernels <- model <- data/training/inference/interop <- configs <- cli
 (DESIGN.md's layout).
 """
 
@@ -18,7 +18,7 @@ PACKAGE = "transformer_jax"
 # needed on one path (TensorBoard logs, TFDS sources, the PyTorch baseline).
 LAZY_IMPORTS_ALLOWED = {"tensorboardX", "tensorflow_datasets", "torch"}
 
-LIBRARY = ("kernels", "model", "data", "training", "inference", "analysis")
+LIBRARY = ("kernels", "model", "data", "training", "inference", "analysis", "interop")
 # (importer prefix, imported prefix): the importer must not import that part of the package.
 FORBIDDEN = [
     ("transformer_jax.kernels", "transformer_jax.model"),
@@ -33,6 +33,8 @@ FORBIDDEN = [
     ("transformer_jax.data", "transformer_jax.training"),
     ("transformer_jax.data", "transformer_jax.inference"),
     ("transformer_jax.data", "transformer_jax.analysis"),
+    *(("transformer_jax.interop", f"transformer_jax.{part}") for part in LIBRARY[2:6]),
+    *((f"transformer_jax.{part}", "transformer_jax.interop") for part in LIBRARY[:6]),
     ("transformer_jax.analysis", "transformer_jax.data"),
     ("transformer_jax.analysis", "transformer_jax.training"),
     ("transformer_jax.analysis", "transformer_jax.inference"),

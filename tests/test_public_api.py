@@ -72,3 +72,20 @@ def test_readme_variant_is_used_and_decodes_from_its_cache():
     for i in range(tgt.shape[1]):
         logits, cache = step(tgt[:, i : i + 1], cache)
         np.testing.assert_allclose(logits[:, -1], full[:, i], atol=1e-5)
+
+
+def test_readme_torch_example_loads_a_state_dict():
+    """The README's torch interop example on a default ``nn.Transformer``'s state dict (the
+    fixture torch wrote, as numpy arrays): the torch switches are read, the model runs, and
+    ``to_torch`` gives the state dict back."""
+    case = np.load(ROOT / "tests" / "interop" / "torch_transformer_post.npz")
+    state = {k[len("torch.") :]: case[k] for k in case.files if k.startswith("torch.")}
+    torch_model = type("Module", (), {"state_dict": lambda self: state})()
+    namespace: dict = {"torch_model": torch_model}
+    exec(compile(library_example(2), str(README), "exec"), namespace)
+    config = namespace["config"]
+    assert config.attention_bias and config.final_norm and config.layer_norm_eps == 1e-5
+    logits = namespace["logits"]
+    assert logits.shape == (1, 4, 11) and np.isfinite(np.asarray(logits)).all()
+    for key, value in namespace["state_dict"].items():
+        np.testing.assert_array_equal(value, state[key])

@@ -14,10 +14,11 @@ The public API, one import away:
   the label-smoothed loss, the paper's optimizer and schedule;
 * ``data``: the tokenizer, sources and token-budget batches; ``ids``: PAD, UNK, BOS, EOS;
 * ``analysis``: cost estimates, attention maps and hidden states;
-* ``kernels``: the backend seam (fast paths chosen by the target platform).
+* ``kernels``: the backend seam (fast paths chosen by the target platform);
+* ``interop``: ``torch.nn.Transformer`` state dicts to and from parameters (``interop.torch``).
 """
 
-from transformer_jax import analysis, data, ids, kernels, training
+from transformer_jax import analysis, data, ids, interop, kernels, training
 from transformer_jax.inference import decoding
 from transformer_jax.model import attention, embeddings, layers, variants
 from transformer_jax.model.attention import (
@@ -45,6 +46,7 @@ __all__ = [
     "decoding",
     "embeddings",
     "ids",
+    "interop",
     "kernels",
     "layers",
     "padding_mask",

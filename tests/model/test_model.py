@@ -249,6 +249,10 @@ def test_both_norms_learn_a_copy_task(norm):
         ("attention_dropout_rate", -0.1, "attention_dropout_rate"),
         ("num_encoder_layers", -1, "num_encoder_layers"),
         ("pad_id", 37000, "pad_id"),
+        ("layer_norm_eps", 0.0, "layer_norm_eps must be a number > 0"),
+        ("layer_norm_eps", "1e-5", "layer_norm_eps must be a number > 0"),
+        ("final_norm", "yes", "final_norm must be True or False or None"),
+        ("attention_bias", None, "attention_bias must be True or False"),
     ],
 )
 def test_bad_config_raises_value_error(field, value, match):

@@ -123,7 +123,13 @@ CONFIG = TransformerConfig(
 
 @pytest.mark.parametrize("scan", [False, True])
 def test_every_parameter_has_a_logical_name_per_axis(scan):
-    config = CONFIG.replace(scan_layers=scan, tie_output=False, positional="learned")
+    config = CONFIG.replace(
+        scan_layers=scan,
+        tie_output=False,
+        positional="learned",
+        attention_bias=True,
+        final_norm=True,
+    )
     names = _names(config)
     for path, (spec, shape) in names.items():
         assert len(spec) == len(shape) and set(spec) <= NAMES, path

@@ -296,6 +296,7 @@ class MultiHeadAttention(nn.Module):
     kernels: str = "xla"
     kernel_init: Callable = nn.initializers.xavier_uniform()
     score_fn: ScoreFn | None = None
+    use_bias: bool = False  # biases on the Q, K, V and output projections (not in the paper)
 
     @nn.compact
     def __call__(
@@ -312,10 +313,11 @@ class MultiHeadAttention(nn.Module):
         ops = _kernels.ops(self.kernels)
         proj = lambda name, dim: nn.DenseGeneral(  # noqa: E731
             features=(self.num_heads, dim),
-            use_bias=False,
+            use_bias=self.use_bias,
             dtype=self.dtype,
             param_dtype=self.param_dtype,
             kernel_init=logical(self.kernel_init, ("embed", "heads", "kv")),
+            bias_init=logical(nn.initializers.zeros_init(), ("heads", "kv")),
             dot_general=ops.dot_general(self.matmul_precision),
             name=name,
         )
@@ -358,10 +360,11 @@ class MultiHeadAttention(nn.Module):
         out = nn.DenseGeneral(
             features=out_dim,
             axis=(-2, -1),
-            use_bias=False,
+            use_bias=self.use_bias,
             dtype=self.dtype,
             param_dtype=self.param_dtype,
             kernel_init=logical(self.kernel_init, ("heads", "kv", "embed")),
+            bias_init=logical(nn.initializers.zeros_init(), ("embed",)),
             dot_general=ops.dot_general(self.matmul_precision),
             name="out",
         )

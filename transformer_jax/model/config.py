@@ -60,7 +60,9 @@ class TransformerConfig:
     d_k = d_v = 64, d_ff 2048, 6 + 6 layers, residual dropout 0.1, post-LN, sinusoidal
     positions, one shared 37,000-token vocabulary with tied embedding and pre-softmax
     weights (§3.4). Deviations used by later work are switches: ``norm='pre'``,
-    ``positional='learned'``, ``attention_impl='fused'`` (``'cudnn'`` on GPU),
+    ``positional='learned'``, ``attention_bias``, ``final_norm``, ``layer_norm_eps`` (those
+    of ``torch.nn.Transformer``: :mod:`transformer_jax.interop.torch`),
+    ``attention_impl='fused'`` (``'cudnn'`` on GPU),
     ``dtype=bfloat16`` (or only the matrix products' operands: ``matmul_precision``,
     :mod:`transformer_jax.kernels.precision`); ``scan_layers=True`` compiles each stack's
     layer once (its parameters are then stacked under ``layers`` instead of ``layer_0`` ...
@@ -129,6 +131,16 @@ class TransformerConfig:
     norm_type: str = setting(
         "layer", "'layer': LayerNorm (paper); 'rms': RMSNorm", one_of(*NORM_TYPES)
     )
+    final_norm: bool | None = setting(
+        None, "a LayerNorm ending each stack; None: with norm='pre' only", optional(FLAG)
+    )
+    layer_norm_eps: float = setting(
+        1e-6, "LayerNorm's epsilon (torch.nn.Transformer: 1e-5)", number(0, low_open=True)
+    )
+    attention_bias: bool = setting(
+        False, "biases on Q, K, V and W^O: not in the paper (torch: True)", FLAG
+    )
+    ffn_bias: bool = setting(True, "b1 and b2 of Eq. 2", FLAG)
     share_embeddings: bool = setting(True, "one source/target embedding matrix (§3.4)", FLAG)
     tie_output: bool = setting(True, "pre-softmax linear = target embedding^T (§3.4)", FLAG)
     pad_id: int = setting(0, "the padding token's id", integer(0))
@@ -228,6 +240,11 @@ class TransformerConfig:
         """What is added to the embeddings: 'sinusoidal' | 'learned' | 'none' (RoPE and ALiBi
         enter the scores instead)."""
         return self.positional if self.positional in ("sinusoidal", "learned") else "none"
+
+    @property
+    def uses_final_norm(self) -> bool:
+        """Whether each stack ends in a LayerNorm: ``final_norm``, else only with pre-LN."""
+        return self.norm == "pre" if self.final_norm is None else self.final_norm
 
     @property
     def target_platform(self) -> str:

@@ -4,7 +4,8 @@ Each sub-layer is wrapped as in §3.1 and §5.4:
 
 - ``norm='post'`` (paper): ``LayerNorm(x + Dropout(Sublayer(x)))``;
 - ``norm='pre'`` (Xiong et al. 2020): ``x + Dropout(Sublayer(LayerNorm(x)))``, with a
-  final LayerNorm on each stack (applied in :mod:`transformer_jax.model.transformer`).
+  final LayerNorm on each stack (``config.final_norm``, applied in
+  :mod:`transformer_jax.model.transformer`).
 
 The layers' pieces are module attributes, the paper's by default: ``ffn`` (a module class
 or factory called as ``ffn(config, name='ffn')``), ``norm`` (called as ``norm(config)``) and
@@ -31,7 +32,7 @@ Array = jax.Array
 def layer_norm(config: TransformerConfig, name: str | None = None) -> nn.LayerNorm:
     """LayerNorm with float32 statistics whatever the compute dtype."""
     return nn.LayerNorm(
-        epsilon=1e-6,
+        epsilon=config.layer_norm_eps,
         dtype=config.dtype,
         param_dtype=config.param_dtype,
         scale_init=logical(nn.initializers.ones, ("embed",)),
@@ -70,7 +71,8 @@ class Dropout(nn.Module):
 
 class FeedForward(nn.Module):
     """FFN(x) = max(0, x W1 + b1) W2 + b2, d_model -> d_ff -> d_model (Eq. 2);
-    ``activation`` replaces max(0, .) (e.g. ``jax.nn.gelu``)."""
+    ``activation`` replaces max(0, .) (e.g. ``jax.nn.gelu``); ``config.ffn_bias=False``
+    drops b1 and b2."""
 
     config: TransformerConfig
     activation: Callable[[Array], Array] = nn.relu
@@ -78,8 +80,8 @@ class FeedForward(nn.Module):
     @nn.compact
     def __call__(self, x: Array) -> Array:
         cfg = self.config
-        w1 = dense(cfg, cfg.d_ff, "w1", axes=("embed", "mlp"))
-        w2 = dense(cfg, x.shape[-1], "w2", axes=("mlp", "embed"))
+        w1 = dense(cfg, cfg.d_ff, "w1", use_bias=cfg.ffn_bias, axes=("embed", "mlp"))
+        w2 = dense(cfg, x.shape[-1], "w2", use_bias=cfg.ffn_bias, axes=("mlp", "embed"))
         return w2(self.activation(w1(x)))
 
 
@@ -128,6 +130,7 @@ def attention(
         causal=causal,
         kernels=config.kernel_set,
         score_fn=score_fn,
+        use_bias=config.attention_bias,
         name=name,
     )
 

@@ -18,6 +18,7 @@ with :mod:`jax.experimental.checkify`; eager (concrete) ids are always checked.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -155,16 +156,9 @@ class Encoder(nn.Module):
         ffn, norm, score_fn = _pieces(self)
         where = None if score_fn is None else _where(positions, segments, x.shape[1])
         layer = remat(cfg, self.layer, 3)  # (self, x, mask, deterministic, where)
-        x = layer_stack(
-            cfg,
-            lambda name: layer(cfg, ffn=ffn, norm=norm, score_fn=score_fn, name=name),
-            cfg.num_encoder_layers,
-            x,
-            mask,
-            deterministic,
-            where,
-        )
-        if cfg.norm == "pre":
+        make = functools.partial(layer, cfg, ffn=ffn, norm=norm, score_fn=score_fn)
+        x = layer_stack(cfg, make, cfg.num_encoder_layers, x, mask, deterministic, where)
+        if cfg.uses_final_norm:
             x = norm(cfg, name="final_norm")(x)
         return x
 
@@ -227,9 +221,10 @@ class Decoder(nn.Module):
         ffn, norm, score_fn = _pieces(self)
         where = None if score_fn is None else _where(tgt_positions, tgt_segments, x.shape[1])
         layer = remat(cfg, self.layer, 5)  # (self, x, self_mask, encoded, cross_mask, det., where)
+        make = functools.partial(layer, cfg, ffn=ffn, norm=norm, score_fn=score_fn)
         x = layer_stack(
             cfg,
-            lambda name: layer(cfg, ffn=ffn, norm=norm, score_fn=score_fn, name=name),
+            make,
             cfg.num_decoder_layers,
             x,
             self_mask,
@@ -238,7 +233,7 @@ class Decoder(nn.Module):
             deterministic,
             where,
         )
-        if cfg.norm == "pre":
+        if cfg.uses_final_norm:
             x = norm(cfg, name="final_norm")(x)
 
         if cfg.tie_output:
@@ -259,12 +254,13 @@ class Decoder(nn.Module):
 
 def layer_stack(
     config: TransformerConfig,
-    make_layer: Callable[[str], nn.Module],
+    make_layer: Callable[..., nn.Module],
     count: int,
     x: Array,
     *args: Any,
 ) -> Array:
-    """``count`` identical layers applied in turn to ``x`` (each also given ``args``).
+    """``count`` identical layers ``make_layer(name=...)`` applied in turn to ``x`` (each also
+    given ``args``).
 
     Unrolled, layer i is the module ``layer_{i}``. With ``config.scan_layers`` they are one
     ``nn.scan`` named ``layers``: parameters (and KV caches, sown weights) are stacked on
@@ -275,7 +271,7 @@ def layer_stack(
     x = constrain(x)
     if not config.scan_layers:
         for i in range(count):
-            x = constrain(make_layer(f"layer_{i}")(x, *args))
+            x = constrain(make_layer(name=f"layer_{i}")(x, *args))
         return x
     if count == 0:
         return x
@@ -287,7 +283,7 @@ def layer_stack(
         length=count,
         metadata_params={nn.PARTITION_NAME: LAYERS},
     )
-    return scan(make_layer("layers"), x, *args)[0]
+    return scan(make_layer(name="layers"), x, *args)[0]
 
 
 def _apply_layer(layer: nn.Module, x: Array, *args: Any) -> tuple[Array, None]:
@@ -334,13 +330,11 @@ class Transformer(nn.Module):
         else:
             src_embed = _embed(cfg, cfg.src_vocab, "src_embed")
             tgt_embed = _embed(cfg, cfg.tgt_vocab, "tgt_embed")
-        pieces = dict(ffn=self.ffn, norm=self.norm, score_fn=self.score_fn)
-        self.encoder = Encoder(
-            cfg, src_embed, self.encoder_layer, check_ids=self.check_ids, **pieces
+        pieces = dict(
+            ffn=self.ffn, norm=self.norm, score_fn=self.score_fn, check_ids=self.check_ids
         )
-        self.decoder = Decoder(
-            cfg, tgt_embed, self.decoder_layer, check_ids=self.check_ids, **pieces
-        )
+        self.encoder = Encoder(cfg, src_embed, self.encoder_layer, **pieces)
+        self.decoder = Decoder(cfg, tgt_embed, self.decoder_layer, **pieces)
 
     def encode(
         self,

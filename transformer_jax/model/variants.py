@@ -87,7 +87,7 @@ gelu_feed_forward = functools.partial(FeedForward, activation=jax.nn.gelu)
 def rms_norm(config: TransformerConfig, name: str | None = None) -> nn.RMSNorm:
     """RMSNorm (no mean, no bias) with float32 statistics whatever the compute dtype."""
     return nn.RMSNorm(
-        epsilon=1e-6,
+        epsilon=config.layer_norm_eps,
         dtype=config.dtype,
         param_dtype=config.param_dtype,
         scale_init=logical(nn.initializers.ones, ("embed",)),

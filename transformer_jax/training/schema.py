@@ -164,10 +164,11 @@ RESUMABLE = tuple(
 
 
 def _config_value(field: dataclasses.Field) -> object:
-    """A field's default as a config file writes it: a dtype by name, None as an int
-    placeholder (overridable from the command line)."""
+    """A field's default as a config file writes it: a dtype by name, None as an int (or a
+    ``bool | None`` field's bool) placeholder (overridable from the command line)."""
     if field.default is None:
-        return ml_collections.config_dict.placeholder(int)
+        kind = bool if str(field.type).startswith("bool") else int
+        return ml_collections.config_dict.placeholder(kind)
     if isinstance(field.default, type):
         return np.dtype(field.default).name
     return field.default
