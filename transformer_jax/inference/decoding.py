@@ -47,7 +47,8 @@ from transformer_jax.inference.search import (
     sample,
 )
 from transformer_jax.model.config import TransformerConfig
-from transformer_jax.model.transformer import Transformer, check_tokens
+from transformer_jax.model.embeddings import check_tokens
+from transformer_jax.model.transformer import Transformer
 
 Array = jax.Array
 Model = Transformer | TransformerConfig

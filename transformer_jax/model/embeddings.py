@@ -1,4 +1,5 @@
-"""Token embeddings and positional encodings (paper §3.4 and §3.5)."""
+"""Token embeddings, positional encodings (paper §3.4 and §3.5) and the check of the ids
+that enter them."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import checkify
 
 from transformer_jax import kernels as _kernels
 from transformer_jax.model.partitioning import logical
@@ -109,3 +111,24 @@ class AddPositions(nn.Module):
         else:
             pe = jnp.take(table, positions, axis=0)
         return x + pe.astype(x.dtype)
+
+
+def check_tokens(name: str, tokens: Array, vocab: int, checked: bool = False) -> None:
+    """Integer ``[batch, length]`` ids in ``[0, vocab)``: checked here when concrete, and
+    under jit with ``checkify.check`` when ``checked`` (run the function through
+    ``checkify.checkify``)."""
+    if tokens.ndim != 2:
+        raise ValueError(
+            f"{name} must be integer token ids [batch, length], got shape {tokens.shape}"
+        )
+    if not jnp.issubdtype(tokens.dtype, jnp.integer):
+        raise ValueError(f"{name} must hold integer token ids, got dtype {tokens.dtype}")
+    if not isinstance(tokens, jax.core.Tracer):
+        ids = np.asarray(tokens)  # concrete: read on the host, whatever is being traced
+        low, high = int(ids.min(initial=0)), int(ids.max(initial=0))
+        if low < 0 or high >= vocab:
+            bad = low if low < 0 else high
+            raise ValueError(f"{name} holds id {bad} outside the vocabulary [0, {vocab})")
+    elif checked:
+        inside = jnp.all((tokens >= 0) & (tokens < vocab))
+        checkify.check(inside, f"{name} holds ids outside the vocabulary [0, {vocab})")

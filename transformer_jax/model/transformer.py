@@ -25,13 +25,11 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
-from jax.experimental import checkify
 
 from transformer_jax import kernels
 from transformer_jax.model.attention import ScoreFn, Where, padding_mask, segment_mask
 from transformer_jax.model.config import TransformerConfig, from_config_dict
-from transformer_jax.model.embeddings import AddPositions, Embed
+from transformer_jax.model.embeddings import AddPositions, Embed, check_tokens
 from transformer_jax.model.layers import (
     FFN,
     DecoderLayer,
@@ -58,27 +56,6 @@ def _embed(config: TransformerConfig, vocab_size: int, name: str) -> Embed:
         config.kernel_set,
         name=name,
     )
-
-
-def check_tokens(name: str, tokens: Array, vocab: int, checked: bool = False) -> None:
-    """Integer ``[batch, length]`` ids in ``[0, vocab)``: checked here when concrete, and
-    under jit with ``checkify.check`` when ``checked`` (run the function through
-    ``checkify.checkify``)."""
-    if tokens.ndim != 2:
-        raise ValueError(
-            f"{name} must be integer token ids [batch, length], got shape {tokens.shape}"
-        )
-    if not jnp.issubdtype(tokens.dtype, jnp.integer):
-        raise ValueError(f"{name} must hold integer token ids, got dtype {tokens.dtype}")
-    if not isinstance(tokens, jax.core.Tracer):
-        ids = np.asarray(tokens)  # concrete: read on the host, whatever is being traced
-        low, high = int(ids.min(initial=0)), int(ids.max(initial=0))
-        if low < 0 or high >= vocab:
-            bad = low if low < 0 else high
-            raise ValueError(f"{name} holds id {bad} outside the vocabulary [0, {vocab})")
-    elif checked:
-        inside = jnp.all((tokens >= 0) & (tokens < vocab))
-        checkify.check(inside, f"{name} holds ids outside the vocabulary [0, {vocab})")
 
 
 def remat(config: TransformerConfig, layer: Any, deterministic_argnum: int) -> Any:
