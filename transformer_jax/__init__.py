@@ -17,6 +17,10 @@ The public API, one import away:
 * ``kernels``: the backend seam (fast paths chosen by the target platform).
 """
 
+# First: the train command's SIGTERM handler, in place before the libraries load.
+from transformer_jax import preemption  # noqa: F401
+
+# isort: split
 from transformer_jax import analysis, data, ids, kernels, training
 from transformer_jax.inference import decoding
 from transformer_jax.model import attention, embeddings, layers, variants

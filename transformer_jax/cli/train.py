@@ -40,10 +40,11 @@ from ml_collections import config_flags
 
 from transformer_jax.configs import NAMES, config_file
 from transformer_jax.kernels import configure_process
+from transformer_jax.preemption import EXIT_PREEMPTED, exit_on_sigterm
 from transformer_jax.training import distributed, peers
 from transformer_jax.training.loop import train_and_evaluate
 
-EXIT_ERROR, EXIT_USAGE, EXIT_PREEMPTED, EXIT_INTERRUPTED = 1, 2, 75, 130
+EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
 _STOPPED = {"SIGTERM": EXIT_PREEMPTED, "SIGINT": EXIT_INTERRUPTED}
 DEFAULT_CONFIG = config_file("tiny")
 _HELP = {"-h", "--help", "--helpshort", "--helpfull", "-?"}
@@ -142,8 +143,8 @@ def flags_parser(doc: str, own_flag: str) -> Callable[[list[str]], list[str]]:
             if "Traceback" in text:  # the config file's get_config raised: its last line says
                 _fail(f"bad --config: {text.splitlines()[-1]}", EXIT_USAGE)
             _fail(text, EXIT_USAGE)
-        except (KeyError, AttributeError, TypeError, ValueError) as e:
-            _config_error(e)
+        except (OSError, KeyError, AttributeError, TypeError, ValueError) as e:
+            _config_error(e)  # OSError: a --config file that does not exist, with overrides
         except SyntaxError as e:
             _fail(f"--config file {e.filename}, line {e.lineno}: {e.msg}", EXIT_USAGE)
 
@@ -209,7 +210,7 @@ def _train(argv: list[str]) -> None:
         )
         if multihost:
             peers.agree(config, FLAGS.num_processes, FLAGS.initialization_timeout)
-            finished = peers.watch(FLAGS.peer_timeout)
+            stop_watching = peers.watch(FLAGS.peer_timeout)
         # Once training stops the run is saved: a late SIGTERM (a launcher signals each task,
         # steps apart) must not kill this process while it shuts down, its peers waiting.
         result = train_and_evaluate(config, workdir, sigterm_after=signal.SIG_IGN)
@@ -225,21 +226,15 @@ def _train(argv: list[str]) -> None:
             distributed.end(message, EXIT_INTERRUPTED)
         _fail(message, EXIT_INTERRUPTED)
     if multihost:
-        finished.set()
+        stop_watching()
+        distributed.finish()
     if not result["complete"]:
         sys.exit(_STOPPED[result["stopped_by"]])
 
 
-def _preempted_at_start(signum: int, frame: Any) -> NoReturn:
-    """SIGTERM before the training loop takes it over: there is nothing to save yet, so the
-    process ends at once (as safe as a kill: every file is written whole or not at all)."""
-    os.write(2, b"error: SIGTERM before training started: nothing to save; rerun to start\n")
-    os._exit(EXIT_PREEMPTED)
-
-
 def main() -> None:
     """``python train.py`` / ``python -m transformer_jax.train``: parse sys.argv, train, exit."""
-    signal.signal(signal.SIGTERM, _preempted_at_start)  # until the loop's own handler
+    exit_on_sigterm()  # until the loop's own handler
     _define_flags()
     app.run(_train, flags_parser=flags_parser(__doc__, "workdir"))
 
