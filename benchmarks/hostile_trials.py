@@ -64,8 +64,6 @@ def interrupted_then_resumed(sig: signal.Signals, seed: int) -> Trial:
         expected = (0, 75) if sig == signal.SIGTERM else (0, -9)
         if first.code not in expected:
             return hr.crashed(first) or hr.refused(first)
-        if not os.path.isfile(os.path.join(workdir, "config.json")):
-            return "data loss", "config.json gone"
         again = hr.run(hr.train_command(workdir), f"{workdir}.2.log", timeout)
         if again.code != 0:
             return hr.crashed(again) or ("data loss", f"the rerun: {hr.last_line(again.out)}")
@@ -77,11 +75,14 @@ def interrupted_then_resumed(sig: signal.Signals, seed: int) -> Trial:
 
 
 def damaged(command: str) -> Trial:
-    """One flipped bit in the newest checkpoint, then ``command`` on the run."""
+    """One flipped bit in the newest checkpoint (its largest file; of its parameters
+    for the commands that read only those), then ``command`` on the run."""
 
     def trial(reference: str, tmp: str, timeout: float) -> tuple[str, str]:
         workdir = hr.prepared_copy(reference, os.path.join(tmp, "run"), trained=True)
         newest = os.path.join(workdir, "checkpoints", str(hr.STEPS))
+        if command != "train":  # the item the parameter-only read path restores
+            newest = os.path.join(newest, "params")
         paths = [os.path.join(b, n) for b, _, names in os.walk(newest) for n in names]
         path = max(paths, key=os.path.getsize)
         data = bytearray(open(path, "rb").read())
