@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import resource
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -67,22 +65,15 @@ def module_command(module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", f"transformer_jax.{module}", *args]
 
 
-def start(command: Sequence[str], log: str, file_limit: int | None = None) -> subprocess.Popen:
-    """Start ``command``, its output to ``log``; ``file_limit``: the largest file it may write
-    (RLIMIT_FSIZE, a full disk: writes past it fail with EFBIG)."""
-
-    def limit() -> None:
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (file_limit, file_limit))
-
+def start(command: Sequence[str], log: str, file_limit_kib: int = 0) -> subprocess.Popen:
+    """Start ``command``, its output to ``log``; ``file_limit_kib``: the largest file it may
+    write (``ulimit -f``, a full disk: writes past it fail with EFBIG, SIGXFSZ ignored)."""
+    if file_limit_kib:
+        limited = f"trap '' XFSZ; ulimit -f {file_limit_kib}; exec \"$@\""
+        command = ["bash", "-c", limited, "bash", *command]
     with open(log, "w") as out:
         proc = subprocess.Popen(
-            list(command),
-            env=env(),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            preexec_fn=limit if file_limit else None,
+            list(command), env=env(), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
         )
     proc.log = log  # type: ignore[attr-defined]
     proc.started = time.time()  # type: ignore[attr-defined]
@@ -101,8 +92,8 @@ def wait(proc: subprocess.Popen, timeout: float) -> Ran:
         return Ran(code, f.read(), time.time() - proc.started)
 
 
-def run(command: Sequence[str], log: str, timeout: float, file_limit: int | None = None) -> Ran:
-    return wait(start(command, log, file_limit), timeout)
+def run(command: Sequence[str], log: str, timeout: float, file_limit_kib: int = 0) -> Ran:
+    return wait(start(command, log, file_limit_kib), timeout)
 
 
 def wait_until(predicate: Callable[[], bool], procs: Sequence[subprocess.Popen], timeout: float):

@@ -155,7 +155,7 @@ def refused_command(*args: str, module: str = "") -> Trial:
 def full_disk(reference: str, tmp: str, timeout: float) -> tuple[str, str]:
     """Files over 64 KiB fail (EFBIG): one line with the OS reason; a rerun resumes."""
     workdir = hr.prepared_copy(reference, os.path.join(tmp, "run"))
-    ran = hr.run(hr.train_command(workdir), f"{workdir}.log", timeout, file_limit=64 << 10)
+    ran = hr.run(hr.train_command(workdir), f"{workdir}.log", timeout, file_limit_kib=64)
     outcome = hr.refused(ran)
     if outcome[0] != "one-line error":
         return outcome

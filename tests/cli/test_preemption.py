@@ -13,15 +13,9 @@ from conftest import ROOT
 
 from transformer_jax.preemption import runs_training
 
-MICRO = [
+MICRO = [  # the tiny config, three steps, its tokenizer trained on few sentences
     "--config.model.vocab_size=300",
-    "--config.model.d_model=32",
-    "--config.model.num_heads=2",
-    "--config.model.d_ff=64",
-    "--config.model.num_encoder_layers=1",
-    "--config.model.num_decoder_layers=1",
     "--config.data.tokenizer_train_sentences=2000",
-    "--config.data.tokens_per_batch=256",
     "--config.train.num_steps=3",
     "--config.train.eval_sentences=0",
     "--config.train.final_test=False",
