@@ -18,6 +18,7 @@ import argparse
 import gzip
 import os
 import random
+import re
 import shutil
 import signal
 import tempfile
@@ -102,7 +103,7 @@ def damaged(command: str) -> Trial:
         ran = hr.run(args, f"{workdir}.log", timeout)
         if crash := hr.crashed(ran):
             return crash
-        named = f"step {hr.STEPS}" in ran.out or f"/{hr.STEPS}" in ran.out
+        named = re.search(rf"(step|checkpoint) {hr.STEPS}\b|/{hr.STEPS}\b", ran.out)
         if ran.code == 0 and not named:
             return "silent wrong", f"exit 0 without naming the damaged step {hr.STEPS}"
         if ran.code == 0 and command == "train" and (differs := same_run(workdir, reference)):
