@@ -250,6 +250,8 @@ def end(message: str, code: int = 1) -> NoReturn:
     sys.stdout.flush()
     print(f"error: {message}", file=sys.stderr, flush=True)
     client, me = jax_distributed.global_state.client, jax_distributed.global_state.process_id
+    if not _connected:  # no process got past connecting: none needs the service
+        _coordinator_done(wait=False)
     try:
         if _connected and me != 0:
             client.key_value_set(f"{_ENDED}{me}", "")
