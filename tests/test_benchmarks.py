@@ -688,3 +688,31 @@ def test_data_pipeline_mapped_smoke():
     assert result["pairs"] == 2000 and "encode" not in result  # --smoke's size
     for stage in ("mapped bucketed", "mapped packed"):
         assert result[stage]["batches_per_s"] > 0 and result[stage]["anon_added"] > 0
+
+
+def test_hostile_trials_sort_outcomes():
+    """A refusal is one line with a failure code; a traceback, a C++ abort, a death by
+    signal, a hang or exit 0 are not."""
+    runs = _script("_hostile_runs")
+    ran = runs.Ran
+    assert runs.refused(ran(1, "loading\nerror: model.platform must be one of ...\n", 1))[0] == (
+        "one-line error"
+    )
+    usage = "usage: translate [-h] --workdir W\ntranslate: error: --workdir is required\n"
+    assert runs.refused(ran(2, usage, 1))[0] == "one-line error"
+    assert runs.refused(ran(1, "Traceback (most recent call last):\nerror: x\n", 1))[0] == (
+        "traceback"
+    )
+    assert runs.refused(ran(-6, "terminate called after throwing\n", 1))[0] == "traceback"
+    assert runs.refused(ran(1, "error: a\nerror: b\n", 1))[0] == "traceback"
+    assert runs.refused(ran(None, "", 300))[0] == "hang"
+    assert runs.refused(ran(0, "done\n", 1))[0] == "silent wrong"
+
+
+@pytest.mark.slow  # two train.py processes refused at start-up (~30 s)
+def test_hostile_trials_smoke(tmp_path, capsys):
+    trials = _script("hostile_trials").trials(kills=0)
+    for name in ("cli stray argument", "config platform=metal"):
+        tmp = tmp_path / name.replace(" ", "_")
+        tmp.mkdir()
+        assert trials[name]("unused", str(tmp), 120)[0] == "one-line error"

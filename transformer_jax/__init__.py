@@ -18,6 +18,10 @@ The public API, one import away:
 * ``interop``: ``torch.nn.Transformer`` state dicts to and from parameters (``interop.torch``).
 """
 
+# First: the train command's SIGTERM handler, in place before the libraries load.
+from transformer_jax import preemption  # noqa: F401
+
+# isort: split
 from transformer_jax import analysis, data, ids, interop, kernels, training
 from transformer_jax.inference import decoding
 from transformer_jax.model import attention, embeddings, layers, variants

@@ -112,6 +112,39 @@ def test_coordinator_address_from_the_environment():
     assert arguments["coordinator_address"] == "h:9"
 
 
+def test_the_client_gets_an_error_callback_while_connecting_and_only_then(monkeypatch):
+    made = []
+    runtime = type("Runtime", (), {})()
+    runtime.get_distributed_runtime_client = lambda *a, **kw: made.append(kw)
+    monkeypatch.setattr(distributed.jax_distributed, "_jax", runtime)
+    with distributed._connect_errors_raised():
+        runtime.get_distributed_runtime_client("h:9", 1, init_timeout=5)
+    runtime.get_distributed_runtime_client("h:9", 1)
+    assert callable(made[0].pop("missed_heartbeat_callback"))
+    assert made == [{"init_timeout": 5}, {}]
+    monkeypatch.setattr(distributed.jax_distributed, "_jax", None)  # a jax without it
+    with distributed._connect_errors_raised():
+        pass
+
+
+def test_process_zeros_coordination_service_outlives_it_for_the_grace_time_only():
+    """Started as process 0 starts it: ready, then gone ``grace`` s after process 0's end
+    (stdin closed without ``done``), or at once after ``done``."""
+    script = os.path.join(os.path.dirname(distributed.__file__), "coordinator.py")
+    for said, lives in ((b"", 3), (b"done\n", 0)):
+        child = subprocess.Popen(
+            [sys.executable, script, f"[::]:{free_port()}", "2", "60", str(lives)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+        assert child.stdout.readline() == b"ready\n"
+        child.stdin.write(said)
+        child.stdin.close()
+        started = time.time()
+        assert child.wait(timeout=30) == 0
+        assert lives <= time.time() - started < lives + 2
+
+
 def test_train_py_under_mpirun_without_the_switch_is_refused_in_one_line(tmp_path):
     workdir = tmp_path / "run"
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, **MPIRUN_ENV)
@@ -528,10 +561,10 @@ def test_a_launch_mistake_ends_every_process_with_one_line_in_seconds(tmp_path, 
 
 
 @pytest.mark.integration
-def test_a_killed_process_ends_the_others_with_one_line_in_seconds(tmp_path):
-    """Process 1 killed mid-run: process 0 ends with one line and exit 1 (a killed process 0,
-    the coordination service's host, still makes JAX's client abort the others)."""
-    killed = 1
+@pytest.mark.parametrize("killed", [0, 1])
+def test_a_killed_process_ends_the_others_with_one_line_in_seconds(tmp_path, killed):
+    """A process killed mid-run (process 0 hosts the coordination service): the other ends
+    with one line and exit 1."""
     launch = Launch(tmp_path)
     address = f"127.0.0.1:{free_port()}"
     workdir = tmp_path / "run"
@@ -541,7 +574,7 @@ def test_a_killed_process_ends_the_others_with_one_line_in_seconds(tmp_path):
     ]
     timeouts = ("--initialization_timeout=20", "--peer_timeout=3", "--config.train.num_steps=5000")
     procs = start_each(launch, workdir, flags, timeouts)
-    wait_for(lambda: logged_step(workdir) >= 2, procs, timeout=50)
+    wait_for(lambda: logged_step(workdir) >= 2, procs, timeout=150)
     procs[killed].kill()
     started = time.time()
     survivor = procs[1 - killed]

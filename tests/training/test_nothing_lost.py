@@ -262,6 +262,7 @@ def test_train_py_mistakes_are_one_line_with_a_failure_code(tmp_path):
     (tmp_path / "file").write_text("x")
     cases = [
         (["--config=/no/such/config.py", workdir], 1, "does not exist"),
+        (["--config=/no/such/config.py", "--config.train.num_steps=3", workdir], 1, "config.py"),
         ([f"--config={config_path}", "--config.trian.num_steps=3", workdir], 2, "trian"),
         ([f"--config={config_path}", f"--workdir={tmp_path / 'file'}"], 1, "is a file"),
         ([f"--config={ROOT}/configs/multi30k.py:45", workdir], 1, "BUDGET takes one of"),

@@ -33,7 +33,7 @@ from ml_collections import config_flags
 from transformer_jax.configs import NAMES, config_file
 from transformer_jax.training import schema
 
-EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_PREEMPTED, EXIT_INTERRUPTED = 0, 1, 2, 75, 130
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 HELP = ("-h", "--help", "--helpshort", "--helpfull", "-?")
 DEFAULT_CONFIG = config_file("tiny")
 

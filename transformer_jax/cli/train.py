@@ -35,7 +35,7 @@ import os
 import signal
 import sys
 from collections.abc import Iterator, Sequence
-from typing import Any, NoReturn
+from typing import Any
 
 import jax
 import ml_collections
@@ -50,6 +50,7 @@ from transformer_jax.cli.flags import (
     run,
 )
 from transformer_jax.kernels import configure_process
+from transformer_jax.preemption import exit_on_sigterm
 from transformer_jax.training import distributed, peers
 from transformer_jax.training.checkpoints import CHECKPOINT_DIR, CONFIG_FILE
 from transformer_jax.training.logs import METRICS_FILE
@@ -144,7 +145,7 @@ def _train(values: flags.FlagValues, positional: list[str]) -> int:
         )
         if multihost:
             peers.agree(config, values.num_processes, values.initialization_timeout)
-            finished = peers.watch(values.peer_timeout)
+            stop_watching = peers.watch(values.peer_timeout)
         result = _run(config, workdir)
     except (ValueError, FloatingPointError, OSError, RuntimeError) as e:
         if multihost:  # its peers may be lost: no waiting for them on the way out
@@ -158,7 +159,8 @@ def _train(values: flags.FlagValues, positional: list[str]) -> int:
             distributed.end(message, EXIT_INTERRUPTED)
         raise Failure(message, EXIT_INTERRUPTED) from None
     if multihost:
-        finished.set()
+        stop_watching()
+        distributed.finish()
     if not result["complete"]:
         return _STOPPED[result["stopped_by"]]
     return 0
@@ -178,17 +180,10 @@ def _run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     return result
 
 
-def _preempted_at_start(signum: int, frame: Any) -> NoReturn:
-    """SIGTERM before the training loop takes it over: there is nothing to save yet, so the
-    process ends at once (as safe as a kill: every file is written whole or not at all)."""
-    os.write(2, b"error: SIGTERM before training started: nothing to save; rerun to start\n")
-    os._exit(EXIT_PREEMPTED)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """``python train.py`` / ``transformer-jax train``: train with the command line ``argv``
     (default ``sys.argv[1:]``); the exit code."""
-    signal.signal(signal.SIGTERM, _preempted_at_start)  # until the loop's own handler
+    exit_on_sigterm()  # until the loop's own handler
     return run(__doc__, define_flags, _train, argv, "train.py")
 
 

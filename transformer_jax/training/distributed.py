@@ -17,7 +17,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -120,7 +122,9 @@ def initialize(
     Processes that have not all connected within ``initialization_timeout`` seconds (a
     process missing, a wrong address or port, a count or id that differs) end with one line
     (:func:`end`) before JAX's own timeout aborts them. JAX's heartbeat check waits longer
-    than ``peer_timeout``, the time :mod:`.peers` gives a silent process.
+    than ``peer_timeout``, the time :mod:`.peers` gives a silent process. Process 0 (given
+    by the flags) hosts the coordination service in a child process (:mod:`.coordinator`),
+    so that the others outlive a killed process 0 long enough to end with one line.
     """
     arguments = launch_arguments(multihost, **launch)
     if arguments is None:
@@ -135,12 +139,17 @@ def initialize(
     timer = threading.Timer(initialization_timeout, end, [failed])
     timer.daemon = True
     timer.start()
+    heartbeat_s = int(2 * peer_timeout) + 30
     try:
+        if arguments["process_id"] == 0 and None not in arguments.values():
+            arguments["coordinator_bind_address"] = _start_coordinator(
+                arguments, heartbeat_s, grace_s=peer_timeout + 15
+            )
         with _connect_errors_raised():
             jax.distributed.initialize(
                 **arguments,
                 initialization_timeout=int(initialization_timeout) + 30,
-                heartbeat_timeout_seconds=int(2 * peer_timeout) + 30,
+                heartbeat_timeout_seconds=heartbeat_s,
             )
     except Exception as e:  # noqa: BLE001 - JAX's runtime errors
         end(f"{failed} ({str(e).splitlines()[0] if str(e) else type(e).__name__})")
@@ -151,12 +160,62 @@ def initialize(
     return True
 
 
+_coordinator: subprocess.Popen[bytes] | None = None  # process 0's coordination service
+
+
+def _start_coordinator(arguments: Mapping[str, Any], heartbeat_s: int, grace_s: float) -> str:
+    """Start :mod:`.coordinator` on the coordinator address's port; the address, on a free
+    port, where JAX may start its own (unused) service in this process. RuntimeError with
+    the child's last line if it does not start."""
+    global _coordinator
+    port = arguments["coordinator_address"].rsplit(":", 1)[1]
+    bind = os.environ.get("JAX_COORDINATOR_BIND_ADDRESS", f"[::]:{port}")
+    script = os.path.join(os.path.dirname(__file__), "coordinator.py")
+    errors = tempfile.TemporaryFile()
+    command = [sys.executable, script, bind, str(arguments["num_processes"])]
+    _coordinator = subprocess.Popen(
+        [*command, str(heartbeat_s), str(grace_s)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=errors,
+        start_new_session=True,
+    )
+    assert _coordinator.stdout is not None
+    if _coordinator.stdout.readline().strip() != b"ready":  # its end: it failed
+        _coordinator.wait()
+        errors.seek(0)
+        lines = errors.read().decode(errors="replace").strip().splitlines() or ["no output"]
+        raise RuntimeError(f"the coordination service did not start on {bind}: {lines[-1]}")
+    return "127.0.0.1:0"
+
+
+def _coordinator_done(wait: bool) -> None:
+    """Tell process 0's coordination service that the run has ended: it stops once this
+    process has closed its stdin (at once with ``wait``, which waits for it; else at exit)."""
+    if _coordinator is not None and _coordinator.poll() is None:
+        with contextlib.suppress(OSError):
+            assert _coordinator.stdin is not None
+            _coordinator.stdin.write(b"done\n")
+            _coordinator.stdin.flush()
+            if wait:
+                _coordinator.stdin.close()
+                _coordinator.wait(timeout=10)
+
+
+def finish() -> None:
+    """End a run of several processes that ended normally: JAX's shutdown (every process
+    waits there for the others), then process 0's coordination service."""
+    jax.distributed.shutdown()
+    _coordinator_done(wait=True)
+
+
 @contextlib.contextmanager
 def _connect_errors_raised() -> Iterator[None]:
     """Give the coordination client an error callback: without one, an error while
     connecting (e.g. a second process with the same id) aborts the process with a C++
     dump; with one, JAX 0.10 raises it from ``connect`` (the callback itself cannot be
-    called with the error, so the error is what reaches Python)."""
+    called with the error, so the error is what reaches Python). A patch of JAX's private
+    client factory, used where it exists: ``jax.distributed.initialize`` takes no callback."""
     runtime = getattr(jax_distributed, "_jax", None)
     make = getattr(runtime, "get_distributed_runtime_client", None)
     if make is None:  # another jax: its own behaviour on connection errors
@@ -182,14 +241,17 @@ def end(message: str, code: int = 1) -> NoReturn:
     """Print ``error: message`` (once, whichever thread gets here first) and exit ``code``
     at once, skipping JAX's shutdown, which would wait for every process to reach it (one
     is lost, or never came) and abort. Only for a run of several processes: what it saved
-    is saved, and the other processes end too. Process 0 hosts the coordination service,
-    whose end aborts the others: it waits (5 s at most) until they have said they end."""
+    is saved, and the other processes end too. Process 0 waits (5 s at most) until they
+    have said they end, then stops its coordination service (:mod:`.coordinator`, which
+    otherwise outlives it a while, so that the others still end with one line)."""
     if not _ending.acquire(blocking=False):
         while True:  # another thread is ending the process
             time.sleep(1)
     sys.stdout.flush()
     print(f"error: {message}", file=sys.stderr, flush=True)
     client, me = jax_distributed.global_state.client, jax_distributed.global_state.process_id
+    if not _connected:  # no process got past connecting: none needs the service
+        _coordinator_done(wait=False)
     try:
         if _connected and me != 0:
             client.key_value_set(f"{_ENDED}{me}", "")
@@ -199,6 +261,7 @@ def end(message: str, code: int = 1) -> NoReturn:
                 len(client.key_value_dir_get(_ENDED))
                 >= jax_distributed.global_state.num_processes - 1
             ):
+                _coordinator_done(wait=False)  # else it outlives this process a while
                 break
             time.sleep(0.1)
     except Exception:  # noqa: BLE001, S110 - the service is gone: nothing to wait for

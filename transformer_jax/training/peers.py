@@ -5,8 +5,9 @@ After ``jax.distributed.initialize`` each process publishes its launch arguments
 and compares them with process 0's (process 0 with everyone's): :func:`agree` names what
 differs. :func:`watch` starts a thread that publishes a heartbeat in the same store and
 ends the process with one line when another process has not been heard of for
-``timeout_s`` seconds (killed, or its host lost), before JAX's own heartbeat check
-aborts it with a C++ dump (:func:`.distributed.end`).
+``timeout_s`` seconds (killed, or its host lost; process 0's coordination service outlives
+it for this), before JAX's own heartbeat check aborts it with a C++ dump
+(:func:`.distributed.end`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import itertools
 import json
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -64,14 +66,21 @@ def agree(config: ml_collections.ConfigDict, num_processes: int | None, timeout_
             raise ValueError(f"the processes were launched differently: {differs}")
 
 
-def watch(timeout_s: float) -> threading.Event:
-    """Start the heartbeat thread (see the module's docstring); set the returned event once
-    this process ends normally, so that the others do not count it as lost."""
+def watch(timeout_s: float) -> Callable[[], None]:
+    """Start the heartbeat thread (see the module's docstring); call the returned function
+    once this process ends normally: the thread says so (the others do not count this
+    process as lost) and has stopped when it returns, before JAX's client shuts down."""
     finished = threading.Event()
-    threading.Thread(
+    thread = threading.Thread(
         target=_heartbeat, args=(timeout_s, finished), name="peers", daemon=True
-    ).start()
-    return finished
+    )
+    thread.start()
+
+    def stop() -> None:
+        finished.set()
+        thread.join(timeout=10)
+
+    return stop
 
 
 def _heartbeat(timeout_s: float, finished: threading.Event) -> None:
@@ -86,6 +95,8 @@ def _heartbeat(timeout_s: float, finished: threading.Event) -> None:
         try:
             value = "done" if finished.is_set() else str(beat)
             client.key_value_set(f"{_PREFIX}/alive/{me}", value, allow_overwrite=True)
+            if value == "done":
+                return
             heard[-1] = now
             for other in heard.keys() - done - {-1}:
                 try:
@@ -107,7 +118,7 @@ def _heartbeat(timeout_s: float, finished: threading.Event) -> None:
                 "(--peer_timeout): stopped, killed or its host lost; every process stops; "
                 "relaunch all of them to resume from the last checkpoint"
             )
-        time.sleep(min(1.0, timeout_s / 10))
+        finished.wait(min(1.0, timeout_s / 10))
 
 
 def describe(error: Exception) -> str:
