@@ -264,10 +264,9 @@ def test_quality_parses_the_baselines_output():
 
 
 def test_quality_counts_the_batches_of_a_packed_run(tmp_path):
-    from transformer_jax.training.defaults import default_config
-
     from transformer_jax.data import pipeline
     from transformer_jax.data.batching import TrainIterator
+    from transformer_jax.training.schema import default_config
 
     config = default_config()
     config.data.update(source="synthetic", packing=True, tokens_per_batch=1024, max_len=64)
