@@ -56,7 +56,10 @@ def test_run_info_counts_pairs_batches_and_tokens_with_their_eos():
         "vocabulary 300; "
     )
     packed = run_info(
-        config, 300, TrainIterator(Batcher(pairs, tokens_per_batch=8, max_len=4, packing=True))
+        config,
+        300,
+        TrainIterator(Batcher(pairs, tokens_per_batch=8, max_len=4, packing=True)),
+        "float32",
     )
     assert packed["batches_per_epoch"] is None  # packed batches are planned as they are read
     assert ", packed batches per epoch; " in describe_run_info(packed)
