@@ -125,6 +125,23 @@ def attention_weights(
     return jnp.where(mask, jax.nn.softmax(scores, axis=-1), 0.0)
 
 
+def _check_inputs(q: Array, k: Array, v: Array, mask: Array | None, impl: str) -> None:
+    """ValueError, in one line, for an unknown ``impl`` or inputs of the wrong shapes."""
+    if impl not in ATTENTION_IMPLS:
+        raise ValueError(f"impl must be one of {ATTENTION_IMPLS}, got {impl!r}")
+    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+        raise ValueError(
+            "q, k, v must be [batch, length, heads, head_dim]; got shapes "
+            f"{q.shape}, {k.shape}, {v.shape}"
+        )
+    if q.shape[-1] != k.shape[-1] or k.shape[:3] != v.shape[:3]:
+        raise ValueError(
+            f"q/k head_dim and k/v [batch, length, heads] must match; got {q.shape}, "
+            f"{k.shape}, {v.shape}"
+        )
+    check_mask(mask, q.shape[0], q.shape[1], k.shape[1], q.shape[2])
+
+
 def scaled_dot_product_attention(
     q: Array,
     k: Array,
@@ -169,19 +186,7 @@ def scaled_dot_product_attention(
       ``[batch, q_len, heads, d_v]`` in ``v.dtype`` (and the weights if asked).
       Rows whose keys are all masked are zero.
     """
-    if impl not in ATTENTION_IMPLS:
-        raise ValueError(f"impl must be one of {ATTENTION_IMPLS}, got {impl!r}")
-    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
-        raise ValueError(
-            "q, k, v must be [batch, length, heads, head_dim]; got shapes "
-            f"{q.shape}, {k.shape}, {v.shape}"
-        )
-    if q.shape[-1] != k.shape[-1] or k.shape[:3] != v.shape[:3]:
-        raise ValueError(
-            f"q/k head_dim and k/v [batch, length, heads] must match; got {q.shape}, "
-            f"{k.shape}, {v.shape}"
-        )
-    check_mask(mask, q.shape[0], q.shape[1], k.shape[1], q.shape[2])
+    _check_inputs(q, k, v, mask, impl)
     use_dropout = dropout_rate > 0.0 and not deterministic
     if impl != "reference":
         if use_dropout or return_weights or score is not None:
