@@ -50,7 +50,7 @@ def train(workdir, *extra):
 def test_sigterm_at_any_point_of_the_start_exits_75_and_the_workdir_resumes(tmp_path):
     workdir = tmp_path / "run"
     for delay in (0.5, 1, 2, 4, 8, 12):
-        proc = train(workdir)
+        proc = train(workdir, "--config.train.num_steps=100000")  # still training at 12 s
         time.sleep(delay)
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=120)

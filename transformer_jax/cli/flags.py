@@ -110,8 +110,8 @@ def _parse(values: flags.FlagValues, argv: list[str]) -> list[str]:
         if required := re.search(r"Flag (--\w+) must have a value other than None", text):
             text = f"{required[1]} is required"
         raise usage_error(text) from None
-    except (KeyError, AttributeError, TypeError, ValueError) as e:
-        raise config_error(e) from None
+    except (OSError, KeyError, AttributeError, TypeError, ValueError) as e:
+        raise config_error(e) from None  # OSError: a missing --config file with overrides
     except SyntaxError as e:
         raise Failure(f"--config file {e.filename}, line {e.lineno}: {e.msg}") from None
 

@@ -31,6 +31,7 @@ from transformer_jax.training.integrity import (
     shapes,
     verify,
 )
+from transformer_jax.training.schema import resolve_auto
 from transformer_jax.training.steps import TrainState
 
 CHECKPOINT_DIR = "checkpoints"
@@ -366,7 +367,7 @@ def load_run(
     """
     checkpoint = parse_checkpoint(checkpoint)
     config = load_config(workdir)
-    expected = shapes(parameter_shapes(from_config_dict(config.model)))
+    expected = shapes(parameter_shapes(resolve_auto(from_config_dict(config.model))))
     if checkpoint == "averaged":
         directory, step = os.path.join(workdir, AVERAGED_DIR), None
     elif checkpoint == "latest" or isinstance(checkpoint, int):

@@ -9,6 +9,7 @@ import gc
 import logging
 import os
 import sys
+import time
 import zlib
 from collections.abc import Iterator
 from typing import Any
@@ -74,6 +75,7 @@ class _AbandonedReads(logging.Filter):
         super().__init__()
         self.path = os.path.join(os.path.abspath(path), "")
         self.unraisablehook = unraisablehook
+        self.last_dropped = time.monotonic()
 
     def filter(self, record: logging.LogRecord) -> bool:
         error = record.exc_info[1] if record.exc_info else None
@@ -83,8 +85,20 @@ class _AbandonedReads(logging.Filter):
         closed = unraisable.exc_type is RuntimeError and (
             str(unraisable.exc_value) == "Event loop is closed"
         )
-        if not closed:
+        if closed:
+            self.last_dropped = time.monotonic()
+        else:
             self.unraisablehook(unraisable)
+
+    def settle(self, quiet: float = 0.5, limit: float = 5.0) -> None:
+        """Wait (at most ``limit`` s) until the pending reads have ended: ``quiet`` s without
+        another one dropped, their tasks collected."""
+        end = time.monotonic() + limit
+        while time.monotonic() < end:
+            gc.collect()
+            if time.monotonic() - self.last_dropped >= quiet:
+                return
+            time.sleep(0.05)
 
 
 @contextlib.contextmanager
@@ -98,8 +112,11 @@ def abandoned_reads(path: str) -> Iterator[None]:
     sys.unraisablehook = reads.unraisable
     try:
         yield
+    except BaseException:
+        reads.settle()  # a failed restore's reads end, and are collected, while dropped
+        raise
     finally:
-        gc.collect()  # the failed reads' tasks, collected while their errors are dropped
+        gc.collect()
         sys.unraisablehook = reads.unraisablehook
         logger.removeFilter(reads)
 
