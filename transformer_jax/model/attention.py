@@ -1,8 +1,11 @@
-"""Scaled dot-product attention, masks and multi-head attention (paper §3.2).
+"""Scaled dot-product attention, multi-head attention and its KV cache (paper §3.2).
 
 Layout conventions: inside attention arrays are ``[batch, length, heads, head_dim]``
-(the layout of :func:`jax.nn.dot_product_attention`); masks are boolean with
-``True`` = may attend, broadcastable to ``[batch, heads, q_len, kv_len]``.
+(the layout of :func:`jax.nn.dot_product_attention`); keys and values may have fewer heads
+than the queries, each shared by a group of them (grouped-query attention); masks
+(:mod:`transformer_jax.model.masks`, also importable from here) are boolean with ``True`` =
+may attend, broadcastable to ``[batch, heads, q_len, kv_len]``. :func:`kv_cache` is the
+decoding cache any attention module keeps.
 """
 
 from __future__ import annotations
@@ -17,9 +20,30 @@ import jax
 import jax.numpy as jnp
 
 from transformer_jax import kernels as _kernels
+from transformer_jax.model.masks import (
+    causal_mask,
+    check_mask,
+    combine_masks,
+    padding_mask,
+    segment_mask,
+)
 from transformer_jax.model.partitioning import logical
 from transformer_jax.options import ATTENTION_IMPLS
 
+__all__ = [  # the masks too, from transformer_jax.model.masks
+    "MultiHeadAttention",
+    "ScoreFn",
+    "Where",
+    "attention_weights",
+    "causal_mask",
+    "check_mask",
+    "combine_masks",
+    "grouped",
+    "kv_cache",
+    "padding_mask",
+    "scaled_dot_product_attention",
+    "segment_mask",
+]
 Array = jax.Array
 ScoreFn = Callable[..., Array]
 """``score_fn(q, k, where, dot) -> scores``: the attention scores, float32
@@ -40,60 +64,15 @@ class Where:
     kv_segments: Array | None = None
 
 
-# --------------------------------------------------------------------------- masks
-def padding_mask(tokens: Array, pad_id: int = 0) -> Array:
-    """Key mask ``[batch, 1, 1, kv_len]``: ``True`` where ``tokens != pad_id``."""
-    return (tokens != pad_id)[:, None, None, :]
-
-
-def causal_mask(length: int) -> Array:
-    """``[1, 1, length, length]`` lower-triangular mask: query i sees keys j <= i (§3.2.3)."""
-    return jnp.tril(jnp.ones((length, length), dtype=bool))[None, None]
-
-
-def segment_mask(q_segments: Array, kv_segments: Array) -> Array:
-    """``[batch, 1, q_len, kv_len]``: packed sequences attend only within their segment.
-
-    Segment id 0 marks padding and never attends nor is attended to.
-    """
-    same = q_segments[:, None, :, None] == kv_segments[:, None, None, :]
-    return same & (kv_segments != 0)[:, None, None, :]
-
-
-def check_mask(mask: Any, batch: int, q_len: int, kv_len: int, heads: int) -> None:
-    """A mask must be boolean of rank 4, broadcastable to ``[batch, heads, q_len, kv_len]``
-    (``True`` = may attend); a float 0/1 or additive mask is refused."""
-    if mask is None:
-        return
-    shape = getattr(mask, "shape", None)
-    if getattr(mask, "dtype", None) != jnp.bool_ or len(shape) != 4:
-        raise ValueError(
-            "mask must be boolean [batch, heads, q_len, kv_len] (True = may attend; "
-            f"float or additive masks are not accepted), got {getattr(mask, 'dtype', None)} "
-            f"of shape {shape}"
-        )
-    for size, want, name in zip(
-        shape, (batch, heads, q_len, kv_len), ("batch", "heads", "q_len", "kv_len"), strict=True
-    ):
-        if size not in (1, want):
-            raise ValueError(
-                f"mask {shape} does not broadcast to [batch, heads, q_len, kv_len] = "
-                f"{(batch, heads, q_len, kv_len)}: its {name} is {size}"
-            )
-
-
-def combine_masks(*masks: Array | None) -> Array | None:
-    """Logical AND of the given masks (``None`` entries are ignored)."""
-    present = [m for m in masks if m is not None]
-    if not present:
-        return None
-    out = present[0]
-    for m in present[1:]:
-        out = jnp.logical_and(out, m)
-    return out
-
-
 # ------------------------------------------------------ scaled dot-product attention
+def grouped(q: Array, k: Array) -> Array:
+    """``q`` ``[batch, len, heads, d]`` as ``[batch, len, kv_heads, heads / kv_heads, d]``: the
+    query heads grouped by the key/value head they share (query head i uses K/V head
+    i // (heads / kv_heads), as :func:`jax.nn.dot_product_attention`); one group per head in
+    the paper."""
+    return q.reshape(*q.shape[:2], k.shape[2], q.shape[2] // k.shape[2], q.shape[3])
+
+
 def attention_weights(
     q: Array,
     k: Array,
@@ -113,10 +92,12 @@ def attention_weights(
     def dot(q: Array, k: Array) -> Array:
         # bfloat16 inputs, float32 scores: the derivative's products stay on bfloat16 operands
         arithmetic = "bfloat16" if q.dtype == jnp.bfloat16 else matmul_precision
-        products = _kernels.ops(kernels).einsum(
-            "bqhd,bkhd->bhqk", q, k, arithmetic, preferred_element_type=jnp.float32
-        )
-        return products * q.shape[-1] ** -0.5
+        einsum = functools.partial(_kernels.ops(kernels).einsum, preferred_element_type=jnp.float32)
+        if q.shape[2] == k.shape[2]:  # the paper's: one key head per query head
+            products = einsum("bqhd,bkhd->bhqk", q, k, arithmetic)
+        else:  # [batch, kv_heads, group, q_len, kv_len], the groups' heads in order
+            products = einsum("bqngd,bknd->bngqk", grouped(q, k), k, arithmetic)
+        return products.reshape(q.shape[0], q.shape[2], *products.shape[-2:]) * q.shape[-1] ** -0.5
 
     scores = dot(q, k) if score is None else score(q, k, dot)
     if mask is None:
@@ -134,11 +115,13 @@ def _check_inputs(q: Array, k: Array, v: Array, mask: Array | None, impl: str) -
             "q, k, v must be [batch, length, heads, head_dim]; got shapes "
             f"{q.shape}, {k.shape}, {v.shape}"
         )
-    if q.shape[-1] != k.shape[-1] or k.shape[:3] != v.shape[:3]:
+    if q.shape[-1] != k.shape[-1] or k.shape[:3] != v.shape[:3] or q.shape[0] != k.shape[0]:
         raise ValueError(
-            f"q/k head_dim and k/v [batch, length, heads] must match; got {q.shape}, "
+            f"q/k head_dim, q/k/v batch and k/v [length, heads] must match; got {q.shape}, "
             f"{k.shape}, {v.shape}"
         )
+    if q.shape[2] % k.shape[2]:
+        raise ValueError(f"q's {q.shape[2]} heads must be groups of k/v's {k.shape[2]} heads")
     check_mask(mask, q.shape[0], q.shape[1], k.shape[1], q.shape[2])
 
 
@@ -161,8 +144,9 @@ def scaled_dot_product_attention(
     """Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V (paper Eq. 1).
 
     Args:
-      q: ``[batch, q_len, heads, d_k]``; k: ``[batch, kv_len, heads, d_k]``;
-        v: ``[batch, kv_len, heads, d_v]``.
+      q: ``[batch, q_len, heads, d_k]``; k: ``[batch, kv_len, kv_heads, d_k]``;
+        v: ``[batch, kv_len, kv_heads, d_v]``; kv_heads divides heads (grouped-query
+        attention; :func:`grouped`), the paper's is heads.
       mask: boolean, ``True`` = may attend, broadcastable to
         ``[batch, heads, q_len, kv_len]``.
       is_causal: query i also sees only keys j <= i (§3.2.3), on top of ``mask``.
@@ -210,9 +194,13 @@ def scaled_dot_product_attention(
         weights_dropped = _kernels.ops(kernels).dropout(weights, dropout_rate, dropout_rng)
     else:
         weights_dropped = weights
-    out = _kernels.ops(kernels).einsum(
-        "bhqk,bkhd->bqhd", weights_dropped.astype(v.dtype), v, matmul_precision
-    )
+    einsum, weights_dropped = _kernels.ops(kernels).einsum, weights_dropped.astype(v.dtype)
+    if q.shape[2] == k.shape[2]:
+        out = einsum("bhqk,bkhd->bqhd", weights_dropped, v, matmul_precision)
+    else:
+        by_group = weights_dropped.reshape(q.shape[0], k.shape[2], -1, *weights.shape[2:])
+        out = einsum("bngqk,bknd->bqngd", by_group, v, matmul_precision)
+        out = out.reshape(*out.shape[:2], -1, out.shape[-1])
     return (out, weights) if return_weights else out
 
 
@@ -268,6 +256,33 @@ def _hook(score_fn: ScoreFn, where: Where, q: Array, k: Array, dot: Callable) ->
     return score_fn(q, k, where, dot)
 
 
+def kv_cache(
+    module: nn.Module, k: Array, v: Array, mask: Array | None, where: Where | None
+) -> tuple[Array, Array, Array | None, Where | None]:
+    """The KV cache of incremental decoding, in ``module``'s ``cache`` collection: any
+    attention module calls it with its step's keys and values ``[batch, 1, kv_heads, d]``.
+
+    The init call's length is the cache's capacity (returned unchanged); each later call
+    writes its position at ``cache_index`` and returns the cache's keys, values, ``mask``
+    with the unwritten slots masked out, and the :class:`Where` of this step (the query at
+    the cache index)."""
+    initialized = module.has_variable("cache", "cached_key")
+    cached_key = module.variable("cache", "cached_key", jnp.zeros, k.shape, k.dtype)
+    cached_value = module.variable("cache", "cached_value", jnp.zeros, v.shape, v.dtype)
+    cache_index = module.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
+    if not initialized:
+        return k, v, mask, where
+    if k.shape[1] != 1:
+        raise ValueError(f"decode=True takes one position per call, got length {k.shape[1]}")
+    i, max_len = cache_index.value, cached_key.value.shape[1]
+    cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, k, (0, i, 0, 0))
+    cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, v, (0, i, 0, 0))
+    cache_index.value = i + 1
+    written = (jnp.arange(max_len) <= i)[None, None, None, :]
+    step = Where(i[None, None], jnp.arange(max_len)[None])
+    return cached_key.value, cached_value.value, combine_masks(mask, written), step
+
+
 # ------------------------------------------------------------- multi-head attention
 class MultiHeadAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O (paper §3.2.2).
@@ -278,12 +293,12 @@ class MultiHeadAttention(nn.Module):
     each other and from ``d_model / num_heads`` (Table 3, rows A and B).
 
     ``causal=True`` is the decoder's masked self-attention (§3.2.3). With ``decode=True``
-    it is the incremental decoder's self-attention: each call takes one new position,
-    appends its key and value to a ``cache`` collection sized at initialisation, and
-    attends over the positions written so far. ``kernels``: the kernel set
-    (:mod:`transformer_jax.kernels`). ``score_fn`` (:data:`ScoreFn`, reference attention
-    only) replaces the paper's scores; it is given the absolute positions (default
-    0..length-1; in cached decoding the cache index) and segment ids of the call.
+    it is the incremental decoder's self-attention over its :func:`kv_cache`, one position a
+    call. ``kernels``: the kernel set (:mod:`transformer_jax.kernels`). ``score_fn``
+    (:data:`ScoreFn`, reference attention only) replaces the paper's scores; it is given the
+    absolute positions (default 0..length-1; in cached decoding the cache index) and segment
+    ids of the call. A subclass may make other keys and values (:meth:`keys_values`, e.g.
+    grouped-query attention in :mod:`transformer_jax.model.variants`).
     """
 
     num_heads: int
@@ -315,31 +330,15 @@ class MultiHeadAttention(nn.Module):
         """Self-attention when ``inputs_kv`` is None, else attention from q onto kv;
         ``where``: the positions and segments ``score_fn`` sees (default: 0..length-1)."""
         inputs_kv = inputs_q if inputs_kv is None else inputs_kv
-        ops = _kernels.ops(self.kernels)
-        proj = lambda name, dim: nn.DenseGeneral(  # noqa: E731
-            features=(self.num_heads, dim),
-            use_bias=self.use_bias,
-            dtype=self.dtype,
-            param_dtype=self.param_dtype,
-            kernel_init=logical(self.kernel_init, ("embed", "heads", "kv")),
-            bias_init=logical(nn.initializers.zeros_init(), ("heads", "kv")),
-            dot_general=ops.dot_general(self.matmul_precision),
-            name=name,
-        )
-        q = proj("query", self.qk_dim)(inputs_q)
-        k = proj("key", self.qk_dim)(inputs_kv)
-        v = proj("value", self.v_dim)(inputs_kv)
-
+        q = self.project("query", self.num_heads, self.qk_dim)(inputs_q)
+        k, v = self.keys_values(inputs_kv)
         if self.decode:
-            k, v, mask, index = self._update_cache(k, v, mask)
-            if index is not None:  # this step's query sits at the cache index
-                where = Where(index[None, None], jnp.arange(k.shape[1])[None])
+            k, v, mask, where = kv_cache(self, k, v, mask, where)
         score = None
         if self.score_fn is not None:
             if where is None:
                 where = Where(jnp.arange(q.shape[1])[None], jnp.arange(k.shape[1])[None])
             score = functools.partial(_hook, self.score_fn, where)
-
         dropout_rng = None
         if self.dropout_rate > 0.0 and not deterministic:
             dropout_rng = self.make_rng("dropout")
@@ -362,37 +361,31 @@ class MultiHeadAttention(nn.Module):
             result, weights = result
             self.sow("intermediates", "attention_weights", weights)
         out_dim = self.out_dim if self.out_dim is not None else inputs_q.shape[-1]
-        out = nn.DenseGeneral(
-            features=out_dim,
-            axis=(-2, -1),
+        return self.dense(out_dim, ("heads", "kv", "embed"), "out", axis=(-2, -1))(result)
+
+    def keys_values(self, inputs_kv: Array) -> tuple[Array, Array]:
+        """K and V ``[batch, kv_len, num_heads, d_k or d_v]``: one key and value head per
+        query head (the paper's)."""
+        key = self.project("key", self.num_heads, self.qk_dim)(inputs_kv)
+        return key, self.project("value", self.num_heads, self.v_dim)(inputs_kv)
+
+    def project(self, name: str, heads: int, dim: int, head_axis: str = "heads") -> nn.Module:
+        """The projection ``name`` of the inputs to ``heads`` heads of ``dim``; ``head_axis``:
+        the logical name of its heads (``partitioning``)."""
+        return self.dense((heads, dim), ("embed", head_axis, "kv"), name)
+
+    def dense(self, features: Any, axes: tuple[str, ...], name: str, **kw: Any) -> nn.Module:
+        """A ``DenseGeneral`` at the module's dtypes, products and initialisation; ``axes``:
+        the logical names of its kernel's axes (inputs then ``features``)."""
+        bias_axes = axes[len(axes) - (len(features) if isinstance(features, tuple) else 1) :]
+        return nn.DenseGeneral(
+            features=features,
             use_bias=self.use_bias,
             dtype=self.dtype,
             param_dtype=self.param_dtype,
-            kernel_init=logical(self.kernel_init, ("heads", "kv", "embed")),
-            bias_init=logical(nn.initializers.zeros_init(), ("embed",)),
-            dot_general=ops.dot_general(self.matmul_precision),
-            name="out",
+            kernel_init=logical(self.kernel_init, axes),
+            bias_init=logical(nn.initializers.zeros_init(), bias_axes),
+            dot_general=_kernels.ops(self.kernels).dot_general(self.matmul_precision),
+            name=name,
+            **kw,
         )
-        return out(result)
-
-    def _update_cache(
-        self, k: Array, v: Array, mask: Array | None
-    ) -> tuple[Array, Array, Array | None, Array | None]:
-        """Write this step's key/value at ``cache_index`` and mask out unwritten slots; also
-        return that index (``None`` on the init call)."""
-        initialized = self.has_variable("cache", "cached_key")
-        cached_key = self.variable("cache", "cached_key", jnp.zeros, k.shape, k.dtype)
-        cached_value = self.variable("cache", "cached_value", jnp.zeros, v.shape, v.dtype)
-        cache_index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
-        if not initialized:  # init call: the given length is the cache's capacity
-            return k, v, mask, None
-        batch, steps, heads, _ = k.shape
-        max_len = cached_key.value.shape[1]
-        if steps != 1:
-            raise ValueError(f"decode=True takes one position per call, got length {steps}")
-        i = cache_index.value
-        cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, k, (0, i, 0, 0))
-        cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, v, (0, i, 0, 0))
-        cache_index.value = i + 1
-        written = (jnp.arange(max_len) <= i)[None, None, None, :]
-        return cached_key.value, cached_value.value, combine_masks(mask, written), i
