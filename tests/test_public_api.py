@@ -54,18 +54,23 @@ def test_readme_library_example_trains_and_decodes_a_decoder_only_model(capsys):
 
 
 def test_readme_variant_is_used_and_decodes_from_its_cache():
-    """The README's variant (SwiGLU + RMSNorm + ALiBi in user code): its pieces are in the
-    parameters, its scores change the output, cached decoding equals the full pass."""
+    """The README's variant (a registered SwiGLU and ALiBi of user code, RMSNorm, grouped-query
+    attention): its pieces are in the parameters, by name and by module alike, its scores
+    change the output, cached decoding equals the full pass."""
     namespace: dict = {}
     exec(compile(library_example(1), str(README), "exec"), namespace)
     model, params, src = namespace["model"], namespace["params"], namespace["src"]
     layer = params["decoder"]["layer_0"]
-    assert set(layer["ffn"]) == {"gate", "value", "out"} and "RMSNorm_0" in layer["ffn_block"]
+    assert set(layer["ffn"]) == {"gate", "value", "out"} and set(layer["ffn_block"]) == {"norm"}
+    assert layer["self_attention"]["key"]["kernel"].shape == (32, 2, 8)  # 2 K/V heads
     assert namespace["translation"].shape == (1, 32)  # min(5 + 50, max_len)
     assert len(namespace["maps"]["encoder"]) == 2
     tgt = jnp.array([[2, 9, 10, 11, 3]])
     full = jax.jit(model.apply)({"params": params}, src, tgt)
-    paper_scores = jax.jit(model.clone(score_fn=None).apply)({"params": params}, src, tgt)
+    same = jax.jit(namespace["same"].apply)({"params": params}, src, tgt)
+    np.testing.assert_array_equal(same, full)
+    no_hook = tj.Transformer(namespace["config"].replace(positional="none"))
+    paper_scores = jax.jit(no_hook.apply)({"params": params}, src, tgt)
     assert float(jnp.abs(full - paper_scores).max()) > 1e-3
     step, cache = tj.decoding.transformer_step(model, params, src, tgt.shape[1])
     step = jax.jit(step)

@@ -74,7 +74,7 @@ def test_encoder_layer_by_hand(tiny_config, norm):
     got = jax.jit(layer.apply)({"params": params}, x, mask)
 
     p, h, keep = as_numpy(params), np.asarray(x, np.float64), np.asarray(mask)
-    attn_norm, ffn_norm = p["attention_block"]["LayerNorm_0"], p["ffn_block"]["LayerNorm_0"]
+    attn_norm, ffn_norm = p["attention_block"]["norm"], p["ffn_block"]["norm"]
     if norm == "post":
         h = layer_norm(h + self_attention(h, p["self_attention"], keep), attn_norm)
         h = layer_norm(h + ffn(h, p["ffn"]), ffn_norm)

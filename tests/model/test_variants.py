@@ -1,8 +1,10 @@
 """The model's injection points with the shipped variants (RoPE, ALiBi, SwiGLU / GEGLU,
-GELU, RMSNorm): each is used, cached decoding equals the full pass, every decoding helper
-and introspection runs on the module, scanned layers take them, and relative positions see
-only the distance between absolute positions (also in packed rows). The config's names
-for them (``positional``, ``ffn``, ``norm_type``) build the same models."""
+GELU, RMSNorm, multi-query attention): each is used, cached decoding equals the full pass,
+every decoding helper and introspection runs on the module, scanned layers take them, and
+relative positions see only the distance between absolute positions (also in packed rows).
+The config's names for them (``positional``, ``ffn``, ``norm_type``, ``attention``) build the
+same models, parameter trees included; a score hook that carries the positions is given to
+a model whose config adds the paper's (no ``positional='none'`` by hand)."""
 
 import dataclasses
 import functools
@@ -16,10 +18,9 @@ from conftest import TINY_CONFIG
 import transformer_jax as tj
 from transformer_jax.analysis.introspection import attention_maps, hidden_states
 from transformer_jax.inference import decoding
-from transformer_jax.model import variants
-from transformer_jax.model.config import FFNS, NORM_TYPES, POSITIONALS
+from transformer_jax.model import registry, variants
 
-CFG = TINY_CONFIG.replace(vocab_size=11, dropout_rate=0.0, max_len=24, positional="none")
+CFG = TINY_CONFIG.replace(vocab_size=11, dropout_rate=0.0, max_len=24)
 SRC = jnp.array([[4, 5, 4, 5, 3], [5, 4, 3, 0, 0], [4, 3, 0, 0, 0]], jnp.int32)
 TGT = jnp.array([[2, 4, 7, 9, 5, 3], [2, 10, 4, 4, 0, 0], [2, 6, 3, 0, 0, 0]], jnp.int32)
 GEGLU = functools.partial(variants.GatedFeedForward, activation=jax.nn.gelu)
@@ -30,17 +31,22 @@ VARIANTS = {
         CFG,
         dict(ffn=variants.GatedFeedForward, norm=variants.rms_norm, score_fn=variants.rope),
     ),
-    "geglu-pre-ln": (CFG.replace(norm="pre", positional="sinusoidal"), dict(ffn=GEGLU)),
+    "geglu-pre-ln": (CFG.replace(norm="pre"), dict(ffn=GEGLU)),
     "gelu-rmsnorm-pre-ln": (
-        CFG.replace(norm="pre", positional="sinusoidal"),
+        CFG.replace(norm="pre"),
         dict(ffn=variants.gelu_feed_forward, norm=variants.rms_norm),
     ),
+    "multi-query": (CFG, dict(attention=variants.multi_query_attention)),
 }
 ATOL = 1e-5  # cached against full pass, float32
 
 
 def init(model, src=SRC, tgt=TGT):
     return jax.jit(model.init)(jax.random.key(0), src, tgt)["params"]
+
+
+def shapes(params):
+    return jax.tree.map(jnp.shape, params)
 
 
 def cached_logits(model, params, src=SRC, tgt=TGT):
@@ -66,7 +72,7 @@ def test_variant_is_used_and_cached_decoding_equals_the_full_pass(name):
         stock = jax.jit(tj.Transformer(config).apply)({"params": params}, SRC, TGT)
         assert np.abs(np.asarray(full - stock)).max() > 1e-2
     else:  # other parameters
-        assert jax.tree.structure(params) != jax.tree.structure(init(tj.Transformer(config)))
+        assert shapes(params) != shapes(init(tj.Transformer(config)))
     real = np.asarray(TGT != 0)
     np.testing.assert_allclose(np.asarray(cached_logits(model, params))[real],
                                np.asarray(full)[real], atol=ATOL)  # fmt: skip
@@ -155,7 +161,7 @@ def test_attention_maps_are_the_given_modules():
 
 
 def test_hidden_states_end_in_the_logits():
-    model = tj.Transformer(CFG.replace(positional="sinusoidal"), norm=variants.rms_norm)
+    model = tj.Transformer(CFG, norm=variants.rms_norm)
     params = init(model)
     states = hidden_states(model, params, SRC, TGT)
     assert list(jax.eval_shape(model.init, jax.random.key(0), SRC, TGT)) == ["params"]
@@ -167,7 +173,7 @@ def test_hidden_states_end_in_the_logits():
 
 
 def test_inputs_embeds_equal_the_ids_path():
-    model = tj.Transformer(CFG.replace(positional="sinusoidal"))
+    model = tj.Transformer(CFG)
     params = init(model)
     embed = lambda ids: params["shared_embed"]["embedding"][ids] * CFG.d_model**0.5  # noqa: E731
     logits = model.apply({"params": params}, SRC, TGT)
@@ -192,7 +198,7 @@ def test_params_of_another_config_name_the_mismatch():
         decoding.greedy_search(tj.Transformer(CFG, ffn=variants.GatedFeedForward), params, SRC)
 
 
-BASE = CFG.replace(positional="sinusoidal")
+BASE = CFG
 GLU = functools.partial(variants.GatedFeedForward, activation=jax.nn.sigmoid)
 NAMED = {  # config field -> the pieces given to the module for the same model
     "positional=rope": (dict(positional="rope"), CFG, dict(score_fn=variants.rope)),
@@ -205,6 +211,11 @@ NAMED = {  # config field -> the pieces given to the module for the same model
         dict(norm_type="rms", norm="pre"),
         BASE.replace(norm="pre"),
         dict(norm=variants.rms_norm),
+    ),
+    "attention=multi_query": (
+        dict(attention="multi_query"),
+        BASE,
+        dict(attention=variants.multi_query_attention),
     ),
 }
 
@@ -221,9 +232,11 @@ def test_a_named_variant_is_its_module_trains_and_decodes_over_its_cache(name):
     named = tj.Transformer(BASE.replace(**fields))
     params = init(named)
     full = jax.jit(named.apply)({"params": params}, SRC, TGT)
-    given = jax.jit(tj.Transformer(config, **pieces).apply)({"params": params}, SRC, TGT)
+    given_model = tj.Transformer(config, **pieces)
+    assert shapes(init(given_model)) == shapes(params)  # the same tree by name or by module
+    given = jax.jit(given_model.apply)({"params": params}, SRC, TGT)
     np.testing.assert_allclose(given, full, atol=1e-6)
-    if jax.tree.structure(params) == jax.tree.structure(init(tj.Transformer(BASE))):
+    if shapes(params) == shapes(init(tj.Transformer(BASE))):
         paper = tj.Transformer(BASE).apply({"params": params}, SRC, TGT)
         assert np.abs(np.asarray(full - paper)).max() > 1e-3  # not the paper's model
     real = np.asarray(TGT != 0)
@@ -247,6 +260,10 @@ def test_a_named_variant_is_its_module_trains_and_decodes_over_its_cache(name):
         (dict(positional="rotary"), "positional must be one of"),
         (dict(positional="alibi", attention_impl="fused"), "needs attention_impl='reference'"),
         (dict(positional="rope", qk_dim=7, v_dim=8), "needs an even d_k, got 7"),
+        (dict(attention="mqa"), r"attention must be one of \('multi_head', 'grouped_query',"),
+        (dict(num_kv_heads=1), "attention='multi_head' has num_heads K/V heads: num_kv_heads=1"),
+        (dict(attention="multi_query", num_kv_heads=2), "'multi_query' has one K/V head"),
+        (dict(attention="grouped_query", num_kv_heads=3), "num_kv_heads=3 must divide num_heads"),
     ],
 )
 def test_an_unknown_or_unfit_name_is_one_line(fields, match):
@@ -257,11 +274,30 @@ def test_an_unknown_or_unfit_name_is_one_line(fields, match):
         tj.model.config.from_config_dict({**dataclasses.asdict(BASE), **fields})
 
 
-def test_every_name_resolves_and_a_given_module_wins():
-    assert tuple(variants.FFNS) == FFNS and tuple(variants.NORM_TYPES) == NORM_TYPES
-    assert set(variants.SCORES) == set(POSITIONALS) - {"sinusoidal", "learned", "none"}
-    shapes = jax.eval_shape(
+@pytest.mark.parametrize(
+    "config, pieces, match",
+    [
+        (BASE.replace(qk_dim=7, v_dim=8), dict(score_fn=variants.rope), "needs an even d_k, got 7"),
+        (BASE.replace(attention_impl="fused"), dict(score_fn=variants.alibi), "'reference'"),
+        (BASE.replace(attention_impl="fused"), dict(score_fn=lambda *a: 0), "score_fn=<lambda>"),
+    ],
+)
+def test_a_given_piece_is_checked_by_the_rules_of_its_name(config, pieces, match):
+    with pytest.raises(ValueError, match=match) as error:
+        tj.Transformer(config, **pieces).init(jax.random.key(0), SRC, TGT)
+    assert "\n" not in str(error.value)
+
+
+def test_every_shipped_name_resolves_and_a_given_module_wins():
+    assert registry.names("ffn") == ("relu", "gelu", "glu", "geglu", "swiglu")
+    assert registry.names("norm") == ("layer", "rms")
+    assert registry.names("positional") == ("sinusoidal", "learned", "none", "rope", "alibi")
+    assert registry.names("attention") == ("multi_head", "grouped_query", "multi_query")
+    for kind, field in registry.FIELDS.items():
+        for name in registry.names(kind):
+            assert registry.named(BASE.replace(**{field: name}))[kind].name == name
+    given = jax.eval_shape(
         tj.Transformer(BASE.replace(ffn="swiglu"), ffn=tj.FeedForward).init,
         jax.random.key(0), SRC, TGT,
     )  # fmt: skip
-    assert set(shapes["params"]["encoder"]["layer_0"]["ffn"]) == {"w1", "w2"}
+    assert set(given["params"]["encoder"]["layer_0"]["ffn"]) == {"w1", "w2"}

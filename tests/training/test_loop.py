@@ -125,7 +125,7 @@ def test_train_py_trains_the_variants_the_config_names(prepared, tmp_path):
     )  # fmt: skip
     layer = params["decoder"]["layer_0"]
     assert set(layer["ffn"]) == {"gate", "value", "out"}  # SwiGLU
-    assert set(layer["ffn_block"]["RMSNorm_0"]) == {"scale"}  # RMSNorm: no bias
+    assert set(layer["ffn_block"]["norm"]) == {"scale"}  # RMSNorm: no bias
 
 
 def test_train_end_to_end_then_resume_says_complete(prepared, tmp_path, capsys):

@@ -151,7 +151,7 @@ def test_variants_pieces_are_named_too():
     names = _names(CONFIG, ffn=variants.GatedFeedForward, norm=variants.rms_norm)
     assert names["['encoder']['layer_0']['ffn']['gate']['kernel']"][0] == ("embed", "mlp")
     assert names["['encoder']['layer_0']['ffn']['out']['kernel']"][0] == ("mlp", "embed")
-    assert names["['encoder']['layer_0']['ffn_block']['RMSNorm_0']['scale']"][0] == ("embed",)
+    assert names["['encoder']['layer_0']['ffn_block']['norm']['scale']"][0] == ("embed",)
 
 
 def test_mesh_model_must_divide_the_devices():
@@ -194,7 +194,7 @@ def test_parameters_and_adam_state_are_sharded(results):
         for moment in ("mu", "nu"):
             assert moments[f"[0].{moment}{path}"] == [whole, shard]
     assert params["['decoder']['layer_0']['ffn']['w1']['bias']"] == [[64], [32]]  # mlp
-    assert params["['encoder']['layer_0']['ffn_block']['LayerNorm_0']['scale']"] == [[32], [16]]
+    assert params["['encoder']['layer_0']['ffn_block']['norm']['scale']"] == [[32], [16]]
     assert results["device_bytes"] * 3 < results["whole_bytes"]  # ~1/4 held by each device
     scanned = results["scan"]["['encoder']['layers']['self_attention']['out']['kernel']"]
     assert scanned == [[1, 4, 8, 32], [1, 2, 8, 16]]  # layers x heads x kv x embed

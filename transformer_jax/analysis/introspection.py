@@ -5,7 +5,10 @@ softmax(Q K^T / sqrt(d_k)) weights ``[batch, heads, q_len, kv_len]`` (paper Eq. 
 the ``'intermediates'`` collection; :func:`attention_maps` runs the model that way and
 arranges them by layer. Each layer also sows its output there: :func:`hidden_states`.
 Both take the model (a ``Transformer`` module with its pieces, or a config); the compiled
-pass is keyed on the module.
+pass is keyed on the module. Any attention piece that is (or subclasses)
+``MultiHeadAttention`` sows its weights, grouped-query ones included (one map per query
+head); a custom layer or attention module must sow what is read here (:data:`SOWN`), or
+the call names what is missing in one line.
 """
 
 from __future__ import annotations
@@ -20,6 +23,11 @@ from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.transformer import Transformer
 
 Model = Transformer | TransformerConfig
+SOWN = (
+    "each layer sows its output as 'hidden_state' (layers.sow_hidden), and its attention "
+    "modules, named 'self_attention' and 'cross_attention', sow their weights "
+    "[batch, heads, q_len, kv_len] as 'attention_weights' when config.sow_attention_weights"
+)
 
 
 def attention_maps(
@@ -55,7 +63,7 @@ def attention_maps(
     sown = _intermediates(model, _variables(params), *inputs)
 
     def layer(stack: str, i: int, name: str) -> np.ndarray:
-        return _layer(sown[stack], cfg.scan_layers, i, name, "attention_weights")
+        return _layer(sown, stack, cfg.scan_layers, i, name, "attention_weights")
 
     return {
         "encoder": [layer("encoder", i, "self_attention") for i in range(cfg.num_encoder_layers)],
@@ -85,7 +93,7 @@ def hidden_states(
 
     def stack(name: str, count: int) -> list[np.ndarray]:
         layers = [
-            _layer(sown[name], cfg.scan_layers, i, None, "hidden_state") for i in range(count)
+            _layer(sown, name, cfg.scan_layers, i, None, "hidden_state") for i in range(count)
         ]
         return [np.asarray(sown[name]["embedded"][0]), *layers]
 
@@ -104,10 +112,17 @@ def _variables(params: Any) -> dict[str, Any]:
     return {"params": params.get("params", params) if hasattr(params, "get") else params}
 
 
-def _layer(sown: Any, scanned: bool, i: int, module: str | None, name: str) -> np.ndarray:
-    """Layer ``i``'s sown ``name`` (of its sub-module ``module``)."""
-    tree = sown["layers"] if scanned else sown[f"layer_{i}"]
-    tree = tree if module is None else tree[module]
+def _layer(
+    sown: Any, stack: str, scanned: bool, i: int, module: str | None, name: str
+) -> np.ndarray:
+    """Layer ``i``'s sown ``name`` (of its sub-module ``module``) in ``stack``; ValueError
+    naming what is missing when a custom piece did not sow it."""
+    layer = "layers" if scanned else f"layer_{i}"
+    tree = sown.get(stack, {}).get(layer, {})
+    tree = tree if module is None else tree.get(module, {})
+    if name not in tree:
+        where = "/".join((stack, layer, *([module] if module else [])))
+        raise ValueError(f"{where} sowed no {name!r}: {SOWN}")
     return np.asarray(tree[name][0][i] if scanned else tree[name][0])
 
 

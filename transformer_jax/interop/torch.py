@@ -7,7 +7,7 @@ tensors or numpy arrays; torch is not imported), and gives ``(config, params)`` 
 (torch's ``bias``), ``final_norm=True`` (torch's ``encoder.norm`` / ``decoder.norm``) and
 ``layer_norm_eps`` (torch's 1e-5). Per layer: ``self_attn`` / ``multihead_attn``
 ``in_proj_*`` -> ``query`` / ``key`` / ``value``, ``out_proj`` -> ``out``, ``linear1`` /
-``linear2`` -> ``ffn/w1`` / ``ffn/w2``, ``norm1..3`` -> the sub-layers' LayerNorms.
+``linear2`` -> ``ffn/w1`` / ``ffn/w2``, ``norm1..3`` -> the sub-layers' ``norm``.
 
 ``nn.Transformer`` has no embeddings, positions nor output projection: the user's
 ``nn.Embedding`` weights are given as ``src_embedding`` (also the target's when shared) and
@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
+from transformer_jax.model import registry
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.transformer import Transformer
 
@@ -58,8 +59,8 @@ def _layer_entries(stack: str, i: int, attentions: Any, norms: Any) -> Iterator[
         yield Entry(f"{torch}{linear}.weight", None, (*ours, "ffn", w, "kernel"), "dense")
         yield Entry(f"{torch}{linear}.bias", None, (*ours, "ffn", w, "bias"), "same")
     for norm, block in norms:
-        yield Entry(f"{torch}{norm}.weight", None, (*ours, block, "LayerNorm_0", "scale"), "same")
-        yield Entry(f"{torch}{norm}.bias", None, (*ours, block, "LayerNorm_0", "bias"), "same")
+        yield Entry(f"{torch}{norm}.weight", None, (*ours, block, "norm", "scale"), "same")
+        yield Entry(f"{torch}{norm}.bias", None, (*ours, block, "norm", "bias"), "same")
 
 
 def _final_norm(stack: str) -> list[Entry]:
@@ -216,6 +217,10 @@ def check_config(
         )
     if not config.uses_final_norm:
         raise ValueError("nn.Transformer ends each stack in a LayerNorm: set final_norm=True")
+    for kind, piece in registry.named(config).items():  # positions are added outside it
+        paper = TransformerConfig.__dataclass_fields__[registry.FIELDS[kind]].default
+        if piece.build is not None if kind == "positional" else piece.name != paper:
+            raise ValueError(f"nn.Transformer has the paper's pieces, not {piece.describe()}")
     if config.head_qk_dim * config.num_heads != config.d_model or config.qk_dim != config.v_dim:
         raise ValueError("nn.Transformer's heads are d_model / nhead wide: unset qk_dim, v_dim")
 

@@ -7,6 +7,7 @@ default, check and help (:func:`transformer_jax.fields.setting`).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -14,6 +15,7 @@ import jax.numpy as jnp
 
 from transformer_jax.fields import (
     FLAG,
+    Check,
     check_values,
     integer,
     number,
@@ -22,6 +24,7 @@ from transformer_jax.fields import (
     predicate,
     setting,
 )
+from transformer_jax.model import registry
 from transformer_jax.options import (
     ATTENTION_IMPLS,
     CUDA_PLATFORMS,
@@ -32,9 +35,6 @@ from transformer_jax.options import (
 )
 
 NORMS = ("post", "pre")
-POSITIONALS = ("sinusoidal", "learned", "none", "rope", "alibi")
-FFNS = ("relu", "gelu", "glu", "geglu", "swiglu")
-NORM_TYPES = ("layer", "rms")
 REMATS = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -47,6 +47,22 @@ def dtype_name(value: Any) -> str | None:
         return jnp.dtype(value).name
     except TypeError:
         return None
+
+
+class Registered(Check):
+    """The check of a field that names a piece: one of the names registered for its kind
+    when the check runs (pieces registered after the field was declared count)."""
+
+    def __init__(self, kind: str) -> None:
+        object.__setattr__(self, "kind", kind)
+
+    @property
+    def rule(self) -> str:
+        return f"one of {registry.names(self.kind)}"
+
+    @property
+    def test(self) -> Callable[[Any], bool]:
+        return lambda value: isinstance(value, str) and value in registry.names(self.kind)
 
 
 DTYPE = predicate(f"one of {tuple(DTYPES)}", lambda value: dtype_name(value) in DTYPES)
@@ -73,10 +89,12 @@ class TransformerConfig:
     pieces the shared vocabulary's first ``tgt_vocab_size``: the decoder reads and predicts
     only those rows (the tokenizer numbers pieces by target frequency for it).
 
-    ``positional='rope'`` / ``'alibi'`` (rotary or linear-bias scores, no added positions),
-    ``ffn`` ('gelu', or gated 'glu' / 'geglu' / 'swiglu') and ``norm_type='rms'`` name
-    pieces of :mod:`transformer_jax.model.variants` for ``Transformer``, ``Encoder`` and
-    ``Decoder`` (the layers take theirs as given); a piece given to the module wins.
+    ``positional``, ``ffn``, ``norm_type`` and ``attention`` name registered pieces
+    (:mod:`transformer_jax.model.registry`; the library's in
+    :mod:`transformer_jax.model.variants`, e.g. ``positional='rope'``, ``ffn='swiglu'``,
+    ``norm_type='rms'``, ``attention='grouped_query'`` with ``num_kv_heads``) for
+    ``Transformer``, ``Encoder`` and ``Decoder`` (the layers take theirs as given); a piece
+    given to the module wins, checked by the same rules.
 
     ``platform`` is the platform the program is for ('auto': JAX's default backend; a
     program lowered or exported for another platform names it); ``kernels`` picks the kernel set
@@ -120,16 +138,26 @@ class TransformerConfig:
     positional: str = setting(
         "sinusoidal",
         "added: 'sinusoidal' (paper), 'learned', 'none'; in the scores: 'rope', 'alibi'",
-        one_of(*POSITIONALS),
+        Registered("positional"),
     )
     norm: str = setting("post", "'post': LayerNorm(x + sublayer(x)) (paper); 'pre'", one_of(*NORMS))
     ffn: str = setting(
         "relu",
         "Eq. 2 with 'relu' (paper) or 'gelu'; gated: 'glu', 'geglu', 'swiglu'",
-        one_of(*FFNS),
+        Registered("ffn"),
     )
     norm_type: str = setting(
-        "layer", "'layer': LayerNorm (paper); 'rms': RMSNorm", one_of(*NORM_TYPES)
+        "layer", "'layer': LayerNorm (paper); 'rms': RMSNorm", Registered("norm")
+    )
+    attention: str = setting(
+        "multi_head",
+        "'multi_head' (paper); K/V heads shared: 'grouped_query' (num_kv_heads), 'multi_query'",
+        Registered("attention"),
+    )
+    num_kv_heads: int | None = setting(
+        None,
+        "K/V heads of attention='grouped_query', dividing num_heads; None: num_heads",
+        optional(integer(1)),
     )
     final_norm: bool | None = setting(
         None, "a LayerNorm ending each stack; None: with norm='pre' only", optional(FLAG)
@@ -208,16 +236,12 @@ class TransformerConfig:
                 f"attention_impl={self.attention_impl!r} computes no explicit weights: it needs "
                 "attention_dropout_rate=0 and sow_attention_weights=False"
             )
-        if self.positional in ("rope", "alibi") and self.attention_impl != "reference":
+        if self.num_heads % self.kv_heads:
             raise ValueError(
-                f"positional={self.positional!r} changes the attention scores: it needs "
-                f"attention_impl='reference', got {self.attention_impl!r}"
+                f"num_kv_heads={self.num_kv_heads} must divide num_heads={self.num_heads} "
+                "(each K/V head serves a group of query heads)"
             )
-        if self.positional == "rope" and self.head_qk_dim % 2:
-            raise ValueError(
-                f"positional='rope' rotates pairs of d_k: it needs an even d_k, got "
-                f"{self.head_qk_dim}"
-            )
+        registry.check(self, registry.named(self))
         if self.share_embeddings and self.src_vocab < self.tgt_vocab:
             raise ValueError(
                 "share_embeddings=True needs tgt_vocab_size <= src_vocab_size (the target "
@@ -234,12 +258,6 @@ class TransformerConfig:
     @property
     def tgt_vocab(self) -> int:
         return self.tgt_vocab_size or self.vocab_size
-
-    @property
-    def added_positions(self) -> str:
-        """What is added to the embeddings: 'sinusoidal' | 'learned' | 'none' (RoPE and ALiBi
-        enter the scores instead)."""
-        return self.positional if self.positional in ("sinusoidal", "learned") else "none"
 
     @property
     def uses_final_norm(self) -> bool:
@@ -265,6 +283,11 @@ class TransformerConfig:
     def head_v_dim(self) -> int:
         """d_v."""
         return self.v_dim or self.d_model // self.num_heads
+
+    @property
+    def kv_heads(self) -> int:
+        """The key/value heads of grouped-query attention: ``num_kv_heads`` or num_heads."""
+        return self.num_kv_heads or self.num_heads
 
     def replace(self, **changes: Any) -> TransformerConfig:
         return dataclasses.replace(self, **changes)

@@ -13,6 +13,7 @@ from jax.experimental import checkify
 
 from transformer_jax import kernels as _kernels
 from transformer_jax.model.partitioning import logical
+from transformer_jax.model.registry import ship
 
 Array = jax.Array
 
@@ -111,6 +112,12 @@ class AddPositions(nn.Module):
         else:
             pe = jnp.take(table, positions, axis=0)
         return x + pe.astype(x.dtype)
+
+
+# The config's positional names of the positions AddPositions adds (no score hook).
+ship("positional", "sinusoidal", None, adds="sinusoidal")
+ship("positional", "learned", None, adds="learned")
+ship("positional", "none", None, adds="none")
 
 
 def check_tokens(name: str, tokens: Array, vocab: int, checked: bool = False) -> None:

@@ -7,15 +7,20 @@ Each sub-layer is wrapped as in §3.1 and §5.4:
   final LayerNorm on each stack (``config.final_norm``, applied in
   :mod:`transformer_jax.model.transformer`).
 
-The layers' pieces are module attributes, the paper's by default: ``ffn`` (a module class
-or factory called as ``ffn(config, name='ffn')``), ``norm`` (called as ``norm(config)``) and
-``score_fn`` (:data:`transformer_jax.model.attention.ScoreFn`, the self-attention's
-scores); :mod:`transformer_jax.model.variants` holds later ones.
+The layers' pieces are module attributes, the paper's by default, each module named by its
+role: ``ffn`` (a module class or factory called as ``ffn(config, name='ffn')``), ``norm``
+(``norm(config, name='norm')`` in each sub-layer), ``attention``
+(``attention(config, causal=..., decode=..., score_fn=..., name=...)``: ``self_attention``,
+``cross_attention``) and ``score_fn`` (:data:`transformer_jax.model.attention.ScoreFn`, the
+self-attention's scores); :mod:`transformer_jax.model.variants` holds later ones. The paper's
+are registered here under the names ``TransformerConfig`` gives them (``ffn='relu'``,
+``norm_type='layer'``, ``attention='multi_head'``; :mod:`transformer_jax.model.registry`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -25,6 +30,7 @@ from transformer_jax import kernels
 from transformer_jax.model.attention import MultiHeadAttention, ScoreFn, Where
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.partitioning import logical
+from transformer_jax.model.registry import ship
 
 Array = jax.Array
 
@@ -107,16 +113,19 @@ def dense(
     )
 
 
-def attention(
+def multi_head_attention(
     config: TransformerConfig,
     *,
     causal: bool = False,
     decode: bool = False,
     score_fn: ScoreFn | None = None,
     name: str,
+    module: type[MultiHeadAttention] = MultiHeadAttention,
+    **options: Any,
 ) -> MultiHeadAttention:
-    """The multi-head attention every layer uses, sized by ``config``."""
-    return MultiHeadAttention(
+    """The paper's multi-head attention, sized by ``config`` (the attention piece
+    ``'multi_head'``); ``module``: a subclass made the same way, given ``options``."""
+    return module(
         num_heads=config.num_heads,
         qk_dim=config.head_qk_dim,
         v_dim=config.head_v_dim,
@@ -132,15 +141,30 @@ def attention(
         score_fn=score_fn,
         use_bias=config.attention_bias,
         name=name,
+        **options,
     )
 
 
-Norm = Callable[..., nn.Module]  # norm(config, name=None) -> a module normalising the last axis
+def _paper_heads(config: TransformerConfig) -> str | None:
+    if config.num_kv_heads not in (None, config.num_heads):
+        return (
+            f"has num_heads K/V heads: num_kv_heads={config.num_kv_heads} needs "
+            "attention='grouped_query'"
+        )
+    return None
+
+
+Norm = Callable[..., nn.Module]  # norm(config, name=...) -> a module normalising the last axis
 FFN = Callable[..., nn.Module]  # ffn(config, name='ffn') -> a module d_model -> d_model
+Attention = Callable[..., nn.Module]  # attention(config, *, causal, decode, score_fn, name)
+ship("ffn", "relu", FeedForward)
+ship("norm", "layer", layer_norm)
+ship("attention", "multi_head", multi_head_attention, needs=_paper_heads)
 
 
 class SubLayer(nn.Module):
-    """Residual connection, dropout and ``norm`` (LayerNorm) around one sub-layer (§3.1, §5.4)."""
+    """Residual connection, dropout and ``norm`` (LayerNorm; the module ``norm``) around one
+    sub-layer (§3.1, §5.4)."""
 
     config: TransformerConfig
     norm: Norm = layer_norm
@@ -148,9 +172,10 @@ class SubLayer(nn.Module):
     @nn.compact
     def __call__(self, x: Array, sublayer: Callable[[Array], Array], deterministic: bool) -> Array:
         dropout = Dropout(self.config.dropout_rate, self.config.kernel_set)
+        norm = self.norm(self.config, name="norm")
         if self.config.norm == "pre":
-            return x + dropout(sublayer(self.norm(self.config)(x)), deterministic)
-        return self.norm(self.config)(x + dropout(sublayer(x), deterministic))
+            return x + dropout(sublayer(norm(x)), deterministic)
+        return norm(x + dropout(sublayer(x), deterministic))
 
 
 class EncoderLayer(nn.Module):
@@ -162,6 +187,7 @@ class EncoderLayer(nn.Module):
     ffn: FFN = FeedForward
     norm: Norm = layer_norm
     score_fn: ScoreFn | None = None
+    attention: Attention = multi_head_attention
 
     @nn.compact
     def __call__(
@@ -172,7 +198,7 @@ class EncoderLayer(nn.Module):
         where: Where | None = None,
     ) -> Array:
         cfg = self.config
-        self_attention = attention(cfg, score_fn=self.score_fn, name="self_attention")
+        self_attention = self.attention(cfg, score_fn=self.score_fn, name="self_attention")
         x = SubLayer(cfg, self.norm, name="attention_block")(
             x,
             lambda h: self_attention(h, mask=mask, deterministic=deterministic, where=where),
@@ -197,6 +223,7 @@ class DecoderLayer(nn.Module):
     ffn: FFN = FeedForward
     norm: Norm = layer_norm
     score_fn: ScoreFn | None = None
+    attention: Attention = multi_head_attention
 
     @nn.compact
     def __call__(
@@ -209,7 +236,7 @@ class DecoderLayer(nn.Module):
         where: Where | None = None,
     ) -> Array:
         cfg = self.config
-        self_attention = attention(
+        self_attention = self.attention(
             cfg, causal=True, decode=cfg.decode, score_fn=self.score_fn, name="self_attention"
         )
         x = SubLayer(cfg, self.norm, name="self_attention_block")(
@@ -218,7 +245,7 @@ class DecoderLayer(nn.Module):
             deterministic,
         )
         if encoded is not None:
-            cross_attention = attention(cfg, name="cross_attention")
+            cross_attention = self.attention(cfg, name="cross_attention")
             x = SubLayer(cfg, self.norm, name="cross_attention_block")(
                 x,
                 lambda h: cross_attention(h, encoded, mask=cross_mask, deterministic=deterministic),

@@ -5,11 +5,14 @@
 latter also run one position at a time over the KV cache (``config.decode=True``).
 Optional ``*_segments`` / ``*_positions`` describe packed sequences (segment 0 = pad).
 
-The layers' pieces are module attributes, the paper's by default (Flax style: pass a module
-class or a callable): ``Transformer(config, ffn=..., norm=..., score_fn=...)``, else the
-ones ``config`` names (``positional``, ``ffn``, ``norm_type``; the paper's by default), and
-``encoder_layer`` / ``decoder_layer`` (``layer`` on :class:`Encoder` / :class:`Decoder`) for
-a whole layer class (:mod:`transformer_jax.model.layers`, :mod:`transformer_jax.model.variants`).
+The layers' pieces are module attributes (Flax style: pass a module class or a callable):
+``Transformer(config, ffn=..., norm=..., score_fn=..., attention=...)``, else the ones
+``config`` names (``ffn``, ``norm_type``, ``positional``, ``attention``; the paper's by
+default); both go through :mod:`transformer_jax.model.registry`, which checks them against the
+config by the same rules and says what a score hook adds to the embeddings (RoPE, ALiBi:
+nothing). ``encoder_layer`` / ``decoder_layer`` (``layer`` on :class:`Encoder` /
+:class:`Decoder`) give a whole layer class, made as ``layer(config, ffn=, norm=, score_fn=,
+attention=)`` (:mod:`transformer_jax.model.layers`, :mod:`transformer_jax.model.variants`).
 ``inputs_embeds`` (``src_embeds`` / ``tgt_embeds``) feed embeddings in place of the ids'; each
 layer sows its output as ``hidden_state`` (and each stack its input as ``embedded``) into the
 ``'intermediates'`` collection when it is mutable. ``check_ids=True`` checks ids under jit
@@ -27,19 +30,21 @@ import jax
 import jax.numpy as jnp
 
 from transformer_jax import kernels
-from transformer_jax.model.attention import ScoreFn, Where, padding_mask, segment_mask
+from transformer_jax.model import registry
+from transformer_jax.model.attention import ScoreFn, Where
 from transformer_jax.model.config import TransformerConfig, from_config_dict
 from transformer_jax.model.embeddings import AddPositions, Embed, check_tokens
 from transformer_jax.model.layers import (
     FFN,
+    Attention,
     DecoderLayer,
     Dropout,
     EncoderLayer,
     Norm,
     sow_hidden,
 )
+from transformer_jax.model.masks import padding_mask, segment_mask
 from transformer_jax.model.partitioning import LAYERS, constrain, logical
-from transformer_jax.model.variants import named_pieces
 
 Array = jax.Array
 
@@ -72,10 +77,13 @@ def remat(config: TransformerConfig, layer: Any, deterministic_argnum: int) -> A
     )
 
 
-def _pieces(module: Encoder | Decoder) -> tuple[FFN, Norm, ScoreFn | None]:
-    """The module's ffn, norm and score_fn, each the config's named one where not given."""
-    ffn, norm, score_fn = named_pieces(module.config)
-    return module.ffn or ffn, module.norm or norm, module.score_fn or score_fn
+def _pieces(module: Encoder | Decoder) -> tuple[dict[str, Any], str]:
+    """The layers' pieces (``ffn``, ``norm``, ``score_fn``, ``attention``: the module's, else
+    the config's named ones), checked against the config, and the positions to add."""
+    given = {name: getattr(module, name) for name in registry.ATTRIBUTES.values()}
+    pieces = registry.resolve(module.config, given)
+    built = {registry.ATTRIBUTES[kind]: piece.build for kind, piece in pieces.items()}
+    return built, pieces["positional"].adds
 
 
 def _where(positions: Array | None, segments: Array | None, length: int) -> Where:
@@ -108,6 +116,7 @@ class Encoder(nn.Module):
     ffn: FFN | None = None  # None: the one config names (module doc)
     norm: Norm | None = None
     score_fn: ScoreFn | None = None
+    attention: Attention | None = None
     check_ids: bool = False
 
     @nn.compact
@@ -122,21 +131,21 @@ class Encoder(nn.Module):
         cfg = self.config
         if src is not None:
             check_tokens("src", src, cfg.src_vocab, self.check_ids)
+        pieces, adds = _pieces(self)
         embed = self.embed or _embed(cfg, cfg.src_vocab, "embed")
         x = embed(src) if inputs_embeds is None else inputs_embeds
-        x = AddPositions(
-            cfg.max_len, cfg.added_positions, param_dtype=cfg.param_dtype, name="positions"
-        )(word_dropout(cfg, x, deterministic), positions)
+        x = AddPositions(cfg.max_len, adds, param_dtype=cfg.param_dtype, name="positions")(
+            word_dropout(cfg, x, deterministic), positions
+        )
         x = Dropout(cfg.dropout_rate, cfg.kernel_set)(x, deterministic)
         sow_hidden(self, "embedded", x)
         mask = None if src is None and segments is None else encoder_mask(src, cfg.pad_id, segments)
-        ffn, norm, score_fn = _pieces(self)
-        where = None if score_fn is None else _where(positions, segments, x.shape[1])
+        where = None if pieces["score_fn"] is None else _where(positions, segments, x.shape[1])
         layer = remat(cfg, self.layer, 3)  # (self, x, mask, deterministic, where)
-        make = functools.partial(layer, cfg, ffn=ffn, norm=norm, score_fn=score_fn)
+        make = functools.partial(layer, cfg, **pieces)
         x = layer_stack(cfg, make, cfg.num_encoder_layers, x, mask, deterministic, where)
         if cfg.uses_final_norm:
-            x = norm(cfg, name="final_norm")(x)
+            x = pieces["norm"](cfg, name="final_norm")(x)
         return x
 
 
@@ -154,6 +163,7 @@ class Decoder(nn.Module):
     ffn: FFN | None = None  # None: the one config names (module doc)
     norm: Norm | None = None
     score_fn: ScoreFn | None = None
+    attention: Attention | None = None
     check_ids: bool = False
 
     @nn.compact
@@ -172,11 +182,12 @@ class Decoder(nn.Module):
         cfg = self.config
         if tgt_in is not None:
             check_tokens("tgt_in", tgt_in, cfg.tgt_vocab, self.check_ids)
+        pieces, adds = _pieces(self)
         embed = self.embed or _embed(cfg, cfg.tgt_vocab, "embed")
         x = embed(tgt_in) if inputs_embeds is None else inputs_embeds
         x = AddPositions(
             cfg.max_len,
-            cfg.added_positions,
+            adds,
             decode=cfg.decode,
             param_dtype=cfg.param_dtype,
             name="positions",
@@ -195,10 +206,11 @@ class Decoder(nn.Module):
             if src is None:
                 raise ValueError("decoding against `encoded` needs `src` token ids for its mask")
             cross_mask = cross_attention_mask(src, cfg.pad_id, src_segments, tgt_segments)
-        ffn, norm, score_fn = _pieces(self)
-        where = None if score_fn is None else _where(tgt_positions, tgt_segments, x.shape[1])
+        where = None
+        if pieces["score_fn"] is not None:
+            where = _where(tgt_positions, tgt_segments, x.shape[1])
         layer = remat(cfg, self.layer, 5)  # (self, x, self_mask, encoded, cross_mask, det., where)
-        make = functools.partial(layer, cfg, ffn=ffn, norm=norm, score_fn=score_fn)
+        make = functools.partial(layer, cfg, **pieces)
         x = layer_stack(
             cfg,
             make,
@@ -211,7 +223,7 @@ class Decoder(nn.Module):
             where,
         )
         if cfg.uses_final_norm:
-            x = norm(cfg, name="final_norm")(x)
+            x = pieces["norm"](cfg, name="final_norm")(x)
 
         if cfg.tie_output:
             logits = embed.attend(x, cfg.tgt_vocab)
@@ -297,6 +309,7 @@ class Transformer(nn.Module):
     ffn: FFN | None = None  # None: the one config names (module doc)
     norm: Norm | None = None
     score_fn: ScoreFn | None = None
+    attention: Attention | None = None
     check_ids: bool = False
 
     def setup(self) -> None:
@@ -307,9 +320,8 @@ class Transformer(nn.Module):
         else:
             src_embed = _embed(cfg, cfg.src_vocab, "src_embed")
             tgt_embed = _embed(cfg, cfg.tgt_vocab, "tgt_embed")
-        pieces = dict(
-            ffn=self.ffn, norm=self.norm, score_fn=self.score_fn, check_ids=self.check_ids
-        )
+        pieces = {name: getattr(self, name) for name in registry.ATTRIBUTES.values()}
+        pieces["check_ids"] = self.check_ids
         self.encoder = Encoder(cfg, src_embed, self.encoder_layer, **pieces)
         self.decoder = Decoder(cfg, tgt_embed, self.decoder_layer, **pieces)
 

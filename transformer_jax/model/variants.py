@@ -1,34 +1,55 @@
-"""Later variants of the model's pieces, beyond the paper and off by default.
+"""Later variants of the model's pieces, beyond the paper and off by default, and the
+registry that names them (:func:`register`).
 
-Each plugs into a module attribute of :class:`~transformer_jax.model.transformer.Transformer`
-(and ``Encoder`` / ``Decoder`` / the layers), e.g.
-``Transformer(config.replace(positional='none'), score_fn=rope, ffn=GatedFeedForward,
-norm=rms_norm)``:
+Each is registered under the name ``TransformerConfig`` gives it, and plugs into a module
+attribute of :class:`~transformer_jax.model.transformer.Transformer` (and ``Encoder`` /
+``Decoder`` / the layers); by name or by module it is the same model, parameter tree
+included, e.g. ``TransformerConfig(positional='rope', ffn='swiglu', norm_type='rms')`` or
+``Transformer(config, score_fn=rope, ffn=GatedFeedForward, norm=rms_norm)``:
 
-- ``score_fn``: :func:`rope` (rotary positions, Su et al. 2021) and :func:`alibi` (linear
-  biases, Press et al. 2022), both from the absolute positions the attention is given;
-- ``ffn``: :class:`GatedFeedForward` (SwiGLU, or GEGLU with ``activation=jax.nn.gelu``;
-  Shazeer 2020) and :data:`gelu_feed_forward` (Eq. 2 with GELU, Hendrycks & Gimpel 2016);
-- ``norm``: :func:`rms_norm` (Zhang & Sennrich 2019).
+- ``positional`` / ``score_fn``: :func:`rope` (rotary positions, Su et al. 2021) and
+  :func:`alibi` (linear biases, Press et al. 2022), both from the absolute positions the
+  attention is given; registered as replacing the added positions (none are added);
+- ``ffn``: :class:`GatedFeedForward` (``'swiglu'``, ``'geglu'``, ``'glu'``; Shazeer 2020) and
+  :data:`gelu_feed_forward` (``'gelu'``: Eq. 2 with GELU, Hendrycks & Gimpel 2016);
+- ``norm_type`` / ``norm``: :func:`rms_norm` (``'rms'``, Zhang & Sennrich 2019);
+- ``attention``: :class:`GroupedQueryAttention` (Ainslie et al. 2023):
+  :func:`grouped_query_attention` (``'grouped_query'``, ``config.num_kv_heads`` K/V heads) and
+  :func:`multi_query_attention` (``'multi_query'``, one K/V head; Shazeer 2019).
 
-:func:`named_pieces` gives the pieces ``TransformerConfig``'s ``positional``, ``ffn`` and
-``norm_type`` name, so that a run's config chooses them without code.
+A piece of your own is registered the same way, ``register('ffn', 'my_glu', MyGLU)``, in a
+module that the config file (or notebook) imports: ``--config.model.ffn=my_glu`` then builds it.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer_jax.model.attention import ScoreFn, Where
+from transformer_jax.model.attention import MultiHeadAttention, Where
 from transformer_jax.model.config import TransformerConfig
-from transformer_jax.model.layers import FFN, FeedForward, Norm, dense, layer_norm
+from transformer_jax.model.layers import FeedForward, dense, multi_head_attention
 from transformer_jax.model.partitioning import logical
+from transformer_jax.model.registry import names, register, ship
 
+__all__ = [
+    "GatedFeedForward",
+    "GroupedQueryAttention",
+    "alibi",
+    "gelu_feed_forward",
+    "grouped_query_attention",
+    "multi_query_attention",
+    "names",
+    "register",
+    "rms_norm",
+    "rope",
+    "rotate",
+]
 Array = jax.Array
 
 
@@ -95,17 +116,48 @@ def rms_norm(config: TransformerConfig, name: str | None = None) -> nn.RMSNorm:
     )
 
 
-FFNS: dict[str, FFN] = {
-    "relu": FeedForward,
-    "gelu": gelu_feed_forward,
-    "glu": functools.partial(GatedFeedForward, activation=jax.nn.sigmoid),
-    "geglu": functools.partial(GatedFeedForward, activation=jax.nn.gelu),
-    "swiglu": GatedFeedForward,
-}
-NORM_TYPES: dict[str, Norm] = {"layer": layer_norm, "rms": rms_norm}
-SCORES: dict[str, ScoreFn] = {"rope": rope, "alibi": alibi}
+class GroupedQueryAttention(MultiHeadAttention):
+    """Grouped-query attention (Ainslie et al. 2023): ``num_kv_heads`` key and value heads,
+    each shared by a group of num_heads / num_kv_heads query heads; one is multi-query
+    attention (Shazeer 2019), num_heads the paper's. K/V projections and the KV cache are
+    num_heads / num_kv_heads times smaller (logical axis ``kv_heads``)."""
+
+    num_kv_heads: int = 1
+
+    def keys_values(self, inputs_kv: Array) -> tuple[Array, Array]:
+        project = functools.partial(self.project, heads=self.num_kv_heads, head_axis="kv_heads")
+        key = project("key", dim=self.qk_dim)(inputs_kv)
+        return key, project("value", dim=self.v_dim)(inputs_kv)
 
 
-def named_pieces(config: TransformerConfig) -> tuple[FFN, Norm, ScoreFn | None]:
-    """The FFN, norm and score function (``None``: the paper's) ``config`` names."""
-    return FFNS[config.ffn], NORM_TYPES[config.norm_type], SCORES.get(config.positional)
+def grouped_query_attention(config: TransformerConfig, **options: Any) -> nn.Module:
+    """GQA with ``config.num_kv_heads`` K/V heads (the attention piece ``'grouped_query'``)."""
+    heads = config.kv_heads
+    return multi_head_attention(config, module=GroupedQueryAttention, num_kv_heads=heads, **options)
+
+
+def multi_query_attention(config: TransformerConfig, **options: Any) -> nn.Module:
+    """MQA: one K/V head for all query heads (the attention piece ``'multi_query'``)."""
+    return multi_head_attention(config, module=GroupedQueryAttention, num_kv_heads=1, **options)
+
+
+def _even_d_k(config: TransformerConfig) -> str | None:
+    d_k = config.head_qk_dim
+    return f"rotates pairs of d_k: it needs an even d_k, got {d_k}" if d_k % 2 else None
+
+
+def _one_kv_head(config: TransformerConfig) -> str | None:
+    if config.num_kv_heads in (None, 1):
+        return None
+    return f"has one K/V head: num_kv_heads={config.num_kv_heads} needs attention='grouped_query'"
+
+
+ship("positional", "rope", rope, adds="none", needs=_even_d_k)
+ship("positional", "alibi", alibi, adds="none")
+ship("ffn", "gelu", gelu_feed_forward)
+ship("ffn", "glu", functools.partial(GatedFeedForward, activation=jax.nn.sigmoid))
+ship("ffn", "geglu", functools.partial(GatedFeedForward, activation=jax.nn.gelu))
+ship("ffn", "swiglu", GatedFeedForward)
+ship("norm", "rms", rms_norm)
+ship("attention", "grouped_query", grouped_query_attention)
+ship("attention", "multi_query", multi_query_attention, needs=_one_kv_head)
