@@ -33,6 +33,7 @@ from transformer_jax.training.integrity import (
 )
 from transformer_jax.training.schema import resolve_auto
 from transformer_jax.training.steps import TrainState
+from transformer_jax.training.upgrade import readable
 
 CHECKPOINT_DIR = "checkpoints"
 AVERAGED_DIR = "averaged"
@@ -49,7 +50,7 @@ def _manager(directory: str, keep: int | None = None, create: bool = True) -> oc
     options = ocp.CheckpointManagerOptions(
         max_to_keep=keep, create=create, enable_async_checkpointing=True
     )
-    return ocp.CheckpointManager(os.path.abspath(directory), options=options)
+    return readable(ocp.CheckpointManager(os.path.abspath(directory), options=options))
 
 
 class CheckpointMismatch(ValueError):
@@ -80,6 +81,7 @@ class Checkpointer:
         self.manager = ocp.CheckpointManager(
             os.path.abspath(self.directory), options=options, item_handlers=handlers
         )
+        self.manager = readable(self.manager)  # older checkpoints restore as today's trees
         self.saving: int | None = None
 
     def save_state(self, state: TrainState, data: dict[str, Any]) -> None:
