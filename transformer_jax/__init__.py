@@ -7,7 +7,8 @@ The public API, one import away:
 * the model's pieces: ``attention`` (Eq. 1, masks, ``MultiHeadAttention``), ``embeddings``
   (scaled embeddings, sinusoidal or learned positions), ``layers`` (``FeedForward``,
   encoder and decoder layers), and ``variants`` beyond the paper for the modules' injection
-  points (RoPE, ALiBi, GLU and GELU FFNs, RMSNorm);
+  points (RoPE, ALiBi, GLU and GELU FFNs, RMSNorm, grouped-query attention), with
+  ``variants.register``, which makes a piece of your own a config name;
 * ``decoding``: greedy, beam search and sampling over any step function ``(tokens, cache)
   -> (logits, cache)``, and the Transformer's ``greedy_search`` / ``beam_search``;
 * ``training``: ``make_batch``, ``create_train_state``, ``train_step`` / ``eval_step``,

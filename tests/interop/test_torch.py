@@ -166,6 +166,9 @@ def test_what_cannot_map_is_refused_in_one_line():
         "takes .'output_bias', 'output_weight', 'src_embedding'.": dict(
             config=config, tgt_embedding=[[0.0]]
         ),
+        "has the paper's pieces, not ffn='swiglu'": dict(config=config.replace(ffn="swiglu")),
+        "not attention='multi_query'": dict(config=config.replace(attention="multi_query")),
+        "not positional='rope'": dict(config=config.replace(positional="rope")),
     }
     for message, kwargs in refused.items():
         kwargs = {"nhead": 2, "norm_first": False} | kwargs

@@ -18,12 +18,15 @@ from transformer_jax.inference import decoding
 from transformer_jax.model.attention import padding_mask, scaled_dot_product_attention
 from transformer_jax.model.partitioning import logical_specs
 
-CFG = TINY_CONFIG.replace(vocab_size=11, num_heads=4, dropout_rate=0.0, max_len=24)  # d_k 4
+CFG = TINY_CONFIG.replace(  # d_k 4, one layer each
+    vocab_size=11, num_heads=4, dropout_rate=0.0, max_len=24, num_encoder_layers=1,
+    num_decoder_layers=1,
+)  # fmt: skip
 GQA = CFG.replace(attention="grouped_query", num_kv_heads=2)
 MQA = CFG.replace(attention="multi_query")
 SRC = jnp.array([[4, 5, 4, 5, 3], [5, 4, 3, 0, 0], [4, 3, 0, 0, 0]], jnp.int32)
 TGT = jnp.array([[2, 4, 7, 9, 5, 3], [2, 10, 4, 4, 0, 0], [2, 6, 3, 0, 0, 0]], jnp.int32)
-ATTENTIONS = 3 * CFG.num_decoder_layers  # 2 encoder self, 2 decoder self and 2 cross
+ATTENTIONS = 3  # encoder self, decoder self and cross
 
 
 def init(model):
@@ -92,7 +95,14 @@ def test_key_value_projections_and_cache_shrink(kv_heads):
 
 @pytest.mark.parametrize(
     "config",
-    [GQA, MQA, GQA.replace(positional="rope", scan_layers=True)],
+    [
+        GQA,
+        pytest.param(MQA, marks=pytest.mark.slow),  # also test_variants' multi-query
+        pytest.param(
+            GQA.replace(positional="rope", scan_layers=True, num_decoder_layers=2),
+            marks=pytest.mark.slow,
+        ),
+    ],
     ids=["grouped_query", "multi_query", "grouped_query-rope-scanned"],
 )
 def test_cached_decoding_equals_the_full_pass_and_beam_search_runs(config):
@@ -111,7 +121,9 @@ def test_cached_decoding_equals_the_full_pass_and_beam_search_runs(config):
     assert tokens.shape == (3, 4, 9) and np.isfinite(scores[:, 0]).all()
 
 
-@pytest.mark.parametrize("config", [GQA, MQA], ids=["grouped_query", "multi_query"])
+@pytest.mark.parametrize(
+    "config", [GQA, pytest.param(MQA, marks=pytest.mark.slow)], ids=["grouped_query", "multi_query"]
+)
 def test_the_model_is_the_papers_with_repeated_key_value_heads(config):
     """Logits, every attention map and hidden state equal those of the paper's model given
     each K/V head once per query head of its group; the fused attention gives the same."""

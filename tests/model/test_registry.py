@@ -23,7 +23,9 @@ from transformer_jax.model import registry, variants
 from transformer_jax.training.schema import help_text
 from transformer_jax.training.validation import validate_config
 
-CFG = TINY_CONFIG.replace(vocab_size=11, dropout_rate=0.0, max_len=24)
+CFG = TINY_CONFIG.replace(
+    vocab_size=11, dropout_rate=0.0, max_len=24, num_encoder_layers=1, num_decoder_layers=1
+)
 SRC = jnp.array([[4, 5, 4, 5, 3], [5, 4, 3, 0, 0]], jnp.int32)
 TGT = jnp.array([[2, 4, 7, 9, 5, 3], [2, 10, 4, 4, 0, 0]], jnp.int32)
 

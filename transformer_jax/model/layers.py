@@ -163,8 +163,8 @@ ship("attention", "multi_head", multi_head_attention, needs=_paper_heads)
 
 
 class SubLayer(nn.Module):
-    """Residual connection, dropout and ``norm`` (LayerNorm; the module ``norm``) around one
-    sub-layer (§3.1, §5.4)."""
+    """Residual connection, dropout and ``norm`` (LayerNorm by default; the module ``norm``)
+    around one sub-layer (§3.1, §5.4)."""
 
     config: TransformerConfig
     norm: Norm = layer_norm
@@ -215,8 +215,8 @@ class DecoderLayer(nn.Module):
     ``self_mask`` is the target's padding (or segment) mask; the self-attention adds the
     causal mask itself. With ``encoded=None`` the cross-attention sub-layer is absent (a
     decoder-only stack). With ``config.decode`` the self-attention runs over its KV cache,
-    one position a call. ``score_fn`` is the self-attention's (the cross-attention keeps the
-    paper's scores); ``where``: the target tokens' positions and segments, for it.
+    one position a call. ``attention`` makes both attentions; ``score_fn`` is the
+    self-attention's (the cross-attention keeps the paper's scores); ``where``: the target tokens' positions and segments, for it.
     """
 
     config: TransformerConfig

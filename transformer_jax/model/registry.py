@@ -1,19 +1,15 @@
 """The model's pieces by name: one route from a config's name or a module argument to a piece,
 what it declares and what it needs of the config.
 
-A kind of piece is named by a ``TransformerConfig`` field and given to ``Transformer``,
-``Encoder``, ``Decoder`` (and the layers) as a module attribute:
+Each kind of piece is named by a ``TransformerConfig`` field and given to ``Transformer``,
+``Encoder``, ``Decoder`` (and the layers) as a module attribute (kind: field, attribute):
 
-============  =================  ==========  ==============================================
-kind          config field       attribute   the piece
-============  =================  ==========  ==============================================
-``ffn``       ``ffn``            ``ffn``     ``ffn(config, name='ffn')``: d_model -> d_model
-``norm``      ``norm_type``      ``norm``    ``norm(config, name=...)``: normalises the last axis
-``positional`` ``positional``    ``score_fn`` a score hook (``ScoreFn``), or None: added positions
-``attention`` ``attention``      ``attention`` ``attention(config, *, causal, decode, score_fn,
-                                             name)``: a module ``(x, kv, mask, deterministic,
-                                             where)``
-============  =================  ==========  ==============================================
+- ``ffn``: ``ffn``, ``ffn``; ``ffn(config, name='ffn')``, a module d_model -> d_model;
+- ``norm``: ``norm_type``, ``norm``; ``norm(config, name=...)``, normalising the last axis;
+- ``positional``: ``positional``, ``score_fn``; a score hook (``attention.ScoreFn``), or None
+  for positions added to the embeddings only;
+- ``attention``: ``attention``, ``attention``; ``attention(config, *, causal, decode,
+  score_fn, name)``, a module called as ``(x, kv, mask, deterministic, where)``.
 
 :func:`register` adds a piece under a name (the config's field then accepts that name: a config
 file that imports the module registering it makes ``--config.model.ffn=NAME`` work). A piece
@@ -87,7 +83,14 @@ def register(
     return piece
 
 
-def ship(kind: str, name: str, piece: Any, *, adds: str | None = None, needs: Any = None) -> Any:
+def ship(
+    kind: str,
+    name: str,
+    piece: Any,
+    *,
+    adds: str | None = None,
+    needs: Callable[[Any], str | None] | None = None,
+) -> Any:
     """Register one of the library's pieces (kept for good: config files name it);
     ``piece`` None with ``adds``: positions added to the embeddings, no score hook."""
     _PIECES[kind][name] = Piece(kind, name, piece, adds, needs, shipped=True)
@@ -105,9 +108,10 @@ def named(config: Any) -> dict[str, Piece]:
 
 
 def _given(kind: str, build: Any, config_piece: Piece) -> Piece:
-    """The registered piece that ``build`` is, else ``build`` as an anonymous piece."""
+    """The registered piece that ``build`` is (its first name), else ``build`` as an
+    anonymous piece."""
     for piece in _PIECES[kind].values():
-        if piece.build is build and build is not None:
+        if piece.build is build:
             return piece
     name = getattr(build, "__name__", None) or type(build).__name__
     return Piece(kind, name, build, config_piece.adds, registered=False)
