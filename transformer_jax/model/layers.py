@@ -216,7 +216,8 @@ class DecoderLayer(nn.Module):
     causal mask itself. With ``encoded=None`` the cross-attention sub-layer is absent (a
     decoder-only stack). With ``config.decode`` the self-attention runs over its KV cache,
     one position a call. ``attention`` makes both attentions; ``score_fn`` is the
-    self-attention's (the cross-attention keeps the paper's scores); ``where``: the target tokens' positions and segments, for it.
+    self-attention's (the cross-attention keeps the paper's scores); ``where``: the target
+    tokens' positions and segments, for it.
     """
 
     config: TransformerConfig
