@@ -1,44 +1,66 @@
-"""Prepared (binarized) splits: a split's token ids encoded once and read memory-mapped.
+"""Prepared (binarized) splits, the on-disk format: written once, checked, read memory-mapped.
 
 A prepared split is a directory holding ``src.npy`` and ``tgt.npy`` (every pair's token ids
 end to end, in the narrowest dtype: uint16 below 65,536 pieces, else int32),
 ``src_offsets.npy`` and ``tgt_offsets.npy`` (int64, pair i is ``src[src_offsets[i]:
-src_offsets[i + 1]]``; the lengths are their differences) and ``info.json`` (the pair
-count and what reading skipped or replaced). Every process maps the same files
-(``np.load(mmap_mode='r')``), so opening a split costs the same at any corpus size and the
-pages are shared by the processes of a host.
+src_offsets[i + 1]]``; the lengths are their differences) and ``info.json``: the pair count,
+what reading skipped or replaced, the largest id, and each array file's size and CRC-32
+(``files``). Every process maps the same files (``np.load(mmap_mode='r')``), so opening a
+split costs the same at any corpus size and the pages are shared by the processes of a host.
 
-:func:`write_split` encodes ``chunk_pairs`` pairs at a time into
-``{path}.partial-{chunk_pairs}/chunk-K.npz`` (each file under a temporary name, then
-renamed), so memory is bounded by a chunk and an interrupted preparation resumes after the
-chunks it finished; the chunks are then copied into a temporary directory renamed to
-``path``, so a reader sees no split or a whole one.
+:func:`write_split` appends encoded chunks, in order, to the four files of
+``{path}.partial-{chunk_pairs}/`` and records after each chunk how far it got
+(``progress.json``, written after the data reach the disk), so an interrupted preparation
+resumes after its last whole chunk and nothing is copied: the disk holds the output once.
+The ``.npy`` headers (of a fixed length) get their final shapes, ``info.json`` its
+checksums, and the directory is renamed to ``path``, so a reader sees no split or a whole
+one. One process writes a split at a time (``{path}.lock``).
+
+:func:`open_split` checks each array file's size and CRC-32 the first time a process opens a
+split (one pass over its files); a failure is :class:`DamagedSplit`, naming the file. A
+split prepared before checksums were kept has them computed from its files and recorded
+then, with a note.
 
 :func:`write_sources` adds ``sources/`` to a prepared training split for BPE-dropout, which
 segments every epoch's sources anew: their UTF-8 bytes end to end and int64 end offsets,
-mapped like the ids, so no process holds the sentences.
+mapped like the ids, so no process holds the sentences. A spool (:func:`write_spool`) keeps
+a split's pairs the same way, read once from their source for the tokenizer and encoding.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import itertools
 import json
 import os
 import shutil
+import sys
 import uuid
+import zlib
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
-from tqdm import tqdm
 
 from transformer_jax.data.batching import EncodedPairs
 from transformer_jax.data.sources import Pair, ReadCounts
 
 CHUNK_PAIRS = 50_000
 INFO_FILE = "info.json"
+PROGRESS_FILE = "progress.json"
 ARRAYS = ("src", "src_offsets", "tgt", "tgt_offsets")
+CHECK_BLOCK = 1 << 24  # bytes per CRC-32 step of a file
+SAMPLE_BLOCK = 4096  # sentences read at a time by texts_at
+_verified: set[tuple[Any, ...]] = set()  # the splits this process has checked, by file identity
+
+
+class DamagedSplit(ValueError):
+    """A file of a prepared split is missing, unreadable, inconsistent or fails its CRC-32."""
+
+    def __init__(self, file: str, reason: str, hint: str = ""):
+        super().__init__(f"prepared data damaged: {file} ({reason})" + (hint and f"; {hint}"))
+        self.file, self.reason = file, reason
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -52,112 +74,218 @@ def _chunks(pairs: Iterable[Pair], size: int) -> Iterator[list[Pair]]:
         yield chunk
 
 
-def _write_chunk(path: str, encoded: EncodedPairs, dtype: np.dtype) -> None:
+@contextlib.contextmanager
+def _locked(path: str) -> Iterator[None]:
+    """Hold an exclusive lock on the file ``path`` (waiting for another holder)."""
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _write_json(path: str, value: dict[str, Any]) -> None:
     tmp = f"{path}.{uuid.uuid4().hex}.tmp"
-    with open(tmp, "wb") as f:
-        np.savez(
-            f,
-            src=encoded.src.astype(dtype),
-            src_offsets=encoded.src_offsets,
-            tgt=encoded.tgt.astype(dtype),
-            tgt_offsets=encoded.tgt_offsets,
-        )
+    with open(tmp, "w") as f:
+        json.dump(value, f)
     os.replace(tmp, path)
+
+
+def _header(f: BinaryIO, dtype: np.dtype, length: int) -> int:
+    """Write the ``.npy`` header of ``length`` items of ``dtype`` at the start of ``f``; its
+    size (the same for every length: numpy pads it for a growing shape)."""
+    f.seek(0)
+    header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False}
+    np.lib.format.write_array_header_1_0(f, {**header, "shape": (int(length),)})
+    return f.tell()
+
+
+def _dtypes(dtype: np.dtype) -> dict[str, np.dtype]:
+    return {name: np.dtype(np.int64) if "offsets" in name else dtype for name in ARRAYS}
+
+
+def _lengths(progress: dict[str, int]) -> dict[str, int]:
+    pairs = progress["pairs"] + 1
+    return {"src": progress["src"], "tgt": progress["tgt"], **dict.fromkeys(ARRAYS[1::2], pairs)}
+
+
+def _start(partial: str, dtype: np.dtype) -> dict[str, int]:
+    """The progress of the split being written in ``partial``, its files cut to it; a new
+    one (empty files) where there is none."""
+    try:
+        with open(os.path.join(partial, PROGRESS_FILE)) as f:
+            progress = json.load(f)
+    except (OSError, ValueError):
+        shutil.rmtree(partial, ignore_errors=True)
+        os.makedirs(partial)
+        progress = {"chunks": 0, "pairs": 0, "src": 0, "tgt": 0, "max_id": 0, "header": 0}
+        for name, kind in _dtypes(dtype).items():
+            with open(os.path.join(partial, f"{name}.npy"), "wb") as f:
+                progress["header"] = _header(f, kind, 0)
+                if kind == np.int64:
+                    f.write(np.zeros(1, np.int64).tobytes())
+        _write_json(os.path.join(partial, PROGRESS_FILE), progress)
+    lengths = _lengths(progress)
+    for name, kind in _dtypes(dtype).items():
+        size = progress["header"] + lengths[name] * kind.itemsize
+        os.truncate(os.path.join(partial, f"{name}.npy"), size)
+    return progress
+
+
+def _append(
+    files: dict[str, BinaryIO], encoded: EncodedPairs, progress: dict[str, int], dtype: np.dtype
+) -> None:
+    """``encoded`` written at the ends of ``files`` (its offsets continuing ``progress``)."""
+    for side in ("src", "tgt"):
+        tokens = np.asarray(getattr(encoded, side))
+        offsets = np.asarray(getattr(encoded, f"{side}_offsets")[1:], np.int64) + progress[side]
+        files[side].write(tokens.astype(dtype).tobytes())
+        files[f"{side}_offsets"].write(offsets.tobytes())
+        if tokens.size:
+            progress["max_id"] = max(progress["max_id"], int(tokens.max()))
+        progress[side] += len(tokens)
+    progress["pairs"] += len(encoded)
+    progress["chunks"] += 1
+    for f in files.values():  # the data on disk before the progress says so
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def write_split(
     path: str,
-    pairs: Iterable[Pair],
+    chunks: Callable[[int], Iterable[EncodedPairs]],
     counts: ReadCounts,
-    encode: Callable[[list[Pair]], EncodedPairs],
     vocab_size: int,
     *,
     chunk_pairs: int = CHUNK_PAIRS,
-    total: int | None = None,
-    desc: str = "",
 ) -> dict[str, Any]:
-    """Encode ``pairs`` (``encode`` maps a chunk to its ids) into a prepared split at
-    ``path``, resuming the chunks of an interrupted call; returns its ``info.json``.
-
-    ``counts`` is filled as ``pairs`` is read; ``total`` (lines, or None) sizes the bar.
-    """
-    partial = f"{path}.partial-{chunk_pairs}"
-    os.makedirs(partial, exist_ok=True)
+    """Write the prepared split at ``path`` from ``chunks(done)``, the encoded chunks of
+    ``chunk_pairs`` pairs after the first ``done`` (those an interrupted call wrote); its
+    ``info.json``. ``counts`` is complete once the chunks are. If another process wrote
+    ``path`` meanwhile, that split's ``info.json``."""
     dtype = token_dtype(vocab_size)
-    files = []
-    bar = tqdm(total=total, desc=desc or os.path.basename(path), unit=" pairs", mininterval=1)
-    with bar:  # counts the lines read: the pairs kept and those skipped
-        for k, chunk in enumerate(_chunks(pairs, chunk_pairs)):
-            files.append(os.path.join(partial, f"chunk-{k:06d}.npz"))
-            if not os.path.isfile(files[-1]):
-                _write_chunk(files[-1], encode(chunk), dtype)
-            bar.update(k * chunk_pairs + len(chunk) + counts.skipped_empty - bar.n)
-    info = {"pairs": 0, "dtype": dtype.name, **counts.as_dict()}
-    _concatenate(files, path, dtype, info)
-    shutil.rmtree(partial, ignore_errors=True)
+    partial = f"{path}.partial-{chunk_pairs}"
+    with _locked(f"{path}.lock"):
+        if not os.path.isdir(path):
+            _write_partial(partial, chunks, counts, dtype)
+            os.rename(partial, path)
+        with contextlib.suppress(FileNotFoundError):  # the contenders hold it or see path
+            os.remove(f"{path}.lock")
+    return _read_info(path)
+
+
+def _write_partial(
+    partial: str,
+    chunks: Callable[[int], Iterable[EncodedPairs]],
+    counts: ReadCounts,
+    dtype: np.dtype,
+) -> None:
+    """The split of :func:`write_split` in ``partial``, resumed where its progress says."""
+    progress = _start(partial, dtype)
+    with contextlib.ExitStack() as stack:
+        files = {
+            name: stack.enter_context(open(os.path.join(partial, f"{name}.npy"), "r+b"))
+            for name in ARRAYS
+        }
+        for f in files.values():
+            f.seek(0, os.SEEK_END)
+        for encoded in chunks(progress["chunks"]):
+            _append(files, encoded, progress, dtype)
+            _write_json(os.path.join(partial, PROGRESS_FILE), progress)
+        for name, length in _lengths(progress).items():
+            if _header(files[name], _dtypes(dtype)[name], length) != progress["header"]:
+                raise AssertionError(f"the .npy header of {name} changed its length")
+    info = {"pairs": progress["pairs"], "dtype": dtype.name, **counts.as_dict()}
+    info.update(max_id=progress["max_id"], files=_checksums(partial))
+    _write_json(os.path.join(partial, INFO_FILE), info)
+    os.remove(os.path.join(partial, PROGRESS_FILE))
+
+
+def _crc32(path: str) -> str:
+    """The CRC-32 of the file at ``path`` (8 hex digits), read mapped a block at a time."""
+    crc = 0
+    if os.path.getsize(path):
+        data = np.memmap(path, np.uint8, "r")
+        for start in range(0, len(data), CHECK_BLOCK):
+            crc = zlib.crc32(data[start : start + CHECK_BLOCK], crc)
+        del data
+    return f"{crc:08x}"
+
+
+def _checksums(path: str) -> dict[str, dict[str, Any]]:
+    """Each array file's size and CRC-32, as ``info.json`` records them."""
+    files = {f"{name}.npy": os.path.join(path, f"{name}.npy") for name in ARRAYS}
+    return {n: {"bytes": os.path.getsize(f), "crc32": _crc32(f)} for n, f in files.items()}
+
+
+def _read_info(path: str) -> dict[str, Any]:
+    file = os.path.join(path, INFO_FILE)
+    try:
+        with open(file) as f:
+            info = json.load(f)
+    except (OSError, ValueError) as e:
+        raise DamagedSplit(file, f"unreadable: {type(e).__name__}: {e}") from None
+    if not isinstance(info, dict) or not isinstance(info.get("pairs"), int):
+        raise DamagedSplit(file, "not a prepared split's info")
     return info
 
 
-def _concatenate(files: list[str], path: str, dtype: np.dtype, info: dict[str, Any]) -> None:
-    """The chunk files end to end in a temporary directory renamed to ``path``."""
-    sizes = np.zeros((len(files), 3), np.int64)  # pairs, source tokens, target tokens
-    for k, file in enumerate(files):
-        with np.load(file) as chunk:
-            src_offsets, tgt_offsets = chunk["src_offsets"], chunk["tgt_offsets"]
-        sizes[k] = len(src_offsets) - 1, src_offsets[-1], tgt_offsets[-1]
-    pairs, src_tokens, tgt_tokens = sizes.sum(axis=0)
-    info["pairs"] = int(pairs)
-    tmp = f"{path}.{uuid.uuid4().hex}.tmp"
-    os.makedirs(tmp)
-    shapes = {"src": src_tokens, "src_offsets": pairs + 1, "tgt": tgt_tokens}
-    shapes["tgt_offsets"] = pairs + 1
-    with contextlib.ExitStack() as stack:  # each file written front to back, a chunk at a time
-        out = {}
-        for name in ARRAYS:
-            out[name] = stack.enter_context(open(os.path.join(tmp, f"{name}.npy"), "wb"))
-            kind = np.dtype(np.int64) if name.endswith("_offsets") else dtype
-            header = {"descr": np.lib.format.dtype_to_descr(kind), "shape": (int(shapes[name]),)}
-            np.lib.format.write_array_header_1_0(out[name], {**header, "fortran_order": False})
-        for name in ("src_offsets", "tgt_offsets"):
-            out[name].write(np.zeros(1, np.int64).tobytes())
-        done = np.zeros(3, np.int64)
-        info["max_id"] = 0  # checked against the tokenizer's vocabulary when opened
-        for file, size in zip(files, sizes, strict=True):
-            with np.load(file) as chunk:
-                for side, tokens in (("src", 1), ("tgt", 2)):
-                    if chunk[side].size:
-                        info["max_id"] = max(info["max_id"], int(chunk[side].max()))
-                    out[side].write(chunk[side].astype(dtype).tobytes())
-                    offsets = chunk[f"{side}_offsets"][1:] + done[tokens]
-                    out[f"{side}_offsets"].write(offsets.astype(np.int64).tobytes())
-            done += size
-    with open(os.path.join(tmp, INFO_FILE), "w") as f:
-        json.dump(info, f)
+def _verify(path: str, info: dict[str, Any]) -> dict[str, Any]:
+    """``info`` once the array files of the split at ``path`` match its checksums (checked
+    once per process and files); recorded now for a split prepared without them."""
+    identity = []
+    for name in ARRAYS:
+        file = os.path.join(path, f"{name}.npy")
+        try:
+            stat = os.stat(file)
+        except OSError as e:
+            raise DamagedSplit(file, f"unreadable: {e.strerror}") from None
+        identity.append((stat.st_ino, stat.st_size, stat.st_mtime_ns))
+    key = (os.path.abspath(path), *identity)
+    if key in _verified:
+        return info
+    if "files" not in info:
+        return _record_checksums(path, info)
+    files = [(os.path.join(path, f"{n}.npy"), info["files"][f"{n}.npy"]) for n in ARRAYS]
+    for (file, recorded), (_, size, _) in zip(files, identity, strict=True):  # sizes first
+        if size != recorded["bytes"]:
+            raise DamagedSplit(file, f"{size} bytes where {recorded['bytes']} were written")
+    for file, recorded in files:
+        if (crc := _crc32(file)) != recorded["crc32"]:
+            raise DamagedSplit(file, f"CRC-32 {crc} where {recorded['crc32']} was written")
+    _verified.add(key)
+    return info
+
+
+def _record_checksums(path: str, info: dict[str, Any]) -> dict[str, Any]:
+    """``info`` with the checksums of the files as they are, written to ``info.json`` where
+    the directory is writable; one note line either way."""
+    info = {**info, "files": _checksums(path)}
     try:
-        os.rename(tmp, path)
-    except OSError:  # another process prepared it meanwhile: keep theirs
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not os.path.isdir(path):
-            raise
+        _write_json(os.path.join(path, INFO_FILE), info)
+        done = "recorded now from its files"
+    except OSError as e:
+        done = f"computed from its files but not recorded ({e.strerror})"
+    print(f"note: {path} was prepared without checksums: they are {done}", file=sys.stderr)
+    return info
 
 
 def open_split(path: str) -> tuple[EncodedPairs, dict[str, Any]]:
-    """The prepared split at ``path``, memory-mapped, and its ``info.json``; ValueError
-    naming the file if it is incomplete or inconsistent."""
-    try:
-        with open(os.path.join(path, INFO_FILE)) as f:
-            info = json.load(f)
-        arrays = {
-            name: np.load(os.path.join(path, f"{name}.npy"), mmap_mode="r") for name in ARRAYS
-        }
-    except (OSError, ValueError, EOFError) as e:
-        raise ValueError(
-            f"the prepared split {path} is unreadable ({type(e).__name__}: {e})"
-        ) from None
+    """The prepared split at ``path``, memory-mapped, and its ``info.json``;
+    :class:`DamagedSplit` naming the file that is missing, damaged or inconsistent."""
+    info = _verify(path, _read_info(path))
+    arrays = {}
+    for name in ARRAYS:
+        file = os.path.join(path, f"{name}.npy")
+        try:
+            arrays[name] = np.load(file, mmap_mode="r")
+        except (OSError, ValueError, EOFError) as e:
+            raise DamagedSplit(file, f"unreadable: {type(e).__name__}: {e}") from None
     for side in ("src", "tgt"):
         offsets = arrays[f"{side}_offsets"]
-        if len(offsets) != info.get("pairs", -2) + 1 or offsets[-1] != len(arrays[side]):
-            raise ValueError(f"the prepared split {path} is inconsistent ({side}.npy)")
+        if len(offsets) != info["pairs"] + 1 or offsets[-1] != len(arrays[side]):
+            raise DamagedSplit(os.path.join(path, f"{side}.npy"), "inconsistent with its offsets")
     return EncodedPairs(**arrays), info
 
 
@@ -231,33 +359,52 @@ def source_texts(sources: tuple[np.ndarray, np.ndarray], first: int, stop: int) 
     return [data[a:b].decode() for a, b in zip(starts, bounds.tolist(), strict=True)]
 
 
-def spool_pairs(pairs: Iterable[Pair], path: str, counts: ReadCounts) -> Iterator[Pair]:
-    """``pairs`` passed through and written to a spool at ``path`` (a directory: the
-    UTF-8 bytes of every sentence end to end, their int64 end offsets, and ``counts`` once
-    ``pairs`` is exhausted), so that a second pass reads local files, not the source.
-    The directory appears, renamed from a temporary one, only when every pair is written."""
+def write_spool(pairs: Iterable[Pair], path: str, counts: ReadCounts) -> None:
+    """``pairs`` written to a spool at ``path``: a directory holding the UTF-8 bytes of every
+    sentence end to end (a pair's source, then its target), their int64 end offsets, and
+    ``counts`` once ``pairs`` is exhausted, so that later passes read local files, not the
+    source. The directory appears, renamed from a temporary one, only when it is whole."""
     tmp = f"{path}.{uuid.uuid4().hex}.tmp"
     os.makedirs(tmp)
     try:
         both = lambda chunk: [s for pair in chunk for s in pair]  # noqa: E731
-        for chunk in _write_texts(tmp, _chunks(pairs, CHUNK_PAIRS), both):
-            yield from chunk
-        with open(f"{tmp}/{INFO_FILE}", "w") as f:
-            json.dump(counts.as_dict(), f)
+        for _chunk in _write_texts(tmp, _chunks(pairs, CHUNK_PAIRS), both):
+            pass
+        _write_json(f"{tmp}/{INFO_FILE}", counts.as_dict())
         if not os.path.isdir(path):  # else another process spooled it meanwhile
             os.replace(tmp, path)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def read_spool(path: str, counts: ReadCounts) -> Iterator[Pair]:
-    """The pairs of a spool written by :func:`spool_pairs`, its counts added to ``counts``."""
+def open_spool(path: str, counts: ReadCounts) -> tuple[np.ndarray, np.ndarray]:
+    """The sentences of the spool at ``path`` (bytes and end offsets, memory-mapped: sentence
+    2i is pair i's source, 2i + 1 its target), its counts added to ``counts``."""
     with open(os.path.join(path, INFO_FILE)) as f:
         saved = json.load(f)
     counts.skipped_empty += saved["skipped_empty"]
     counts.replaced_lines += saved["replaced_lines"]
-    text, ends = _map_texts(path)
-    for i in range(0, len(ends), 2):
-        start = int(ends[i - 1]) if i else 0
-        middle, stop = int(ends[i]), int(ends[i + 1])
-        yield bytes(text[start:middle]).decode(), bytes(text[middle:stop]).decode()
+    return _map_texts(path)
+
+
+def read_spool(path: str, counts: ReadCounts) -> Iterator[Pair]:
+    """The pairs of the spool at ``path``, its counts added to ``counts``."""
+    texts = open_spool(path, counts)
+    for first in range(0, len(texts[1]), 2 * CHUNK_PAIRS):
+        sentences = source_texts(texts, first, min(first + 2 * CHUNK_PAIRS, len(texts[1])))
+        yield from zip(sentences[::2], sentences[1::2], strict=True)
+
+
+def texts_at(texts: tuple[np.ndarray, np.ndarray], indices: np.ndarray) -> list[str]:
+    """The sentences at the ascending ``indices`` of mapped bytes and end offsets, read
+    ``SAMPLE_BLOCK`` sentences at a time."""
+    text, ends = texts
+    stops = np.asarray(ends[indices])
+    starts = np.where(indices > 0, np.asarray(ends[np.maximum(indices - 1, 0)]), 0)
+    sentences = []
+    for a in range(0, len(indices), SAMPLE_BLOCK):
+        first, last = starts[a : a + SAMPLE_BLOCK], stops[a : a + SAMPLE_BLOCK]
+        data, base = bytes(text[first[0] : last[-1]]), int(first[0])
+        bounds = zip((first - base).tolist(), (last - base).tolist(), strict=True)
+        sentences.extend(data[x:y].decode() for x, y in bounds)
+    return sentences
