@@ -110,16 +110,19 @@ def split_digest(path):
 
 
 def test_workers_and_an_interruption_leave_the_same_bytes(tmp_path, monkeypatch):
-    config = data_config(source="text", text_dir=write_corpus(tmp_path), prepare_workers=1)
+    config = data_config(source="text", text_dir=write_corpus(tmp_path), prepare_workers=2)
     workdir = str(tmp_path / "run")
     tokenizer = preparation.get_tokenizer(config, workdir, 400)
     path = preparation.prepared_path(config, "train", tokenizer, workdir)
+    spool = preparation.spool_path(config, "train", workdir)
+    assert os.path.isdir(spool)  # the tokenizer's pass, read by two workers
     preparation.prepare_split(config, "train", tokenizer, workdir, chunk_pairs=500)
-    one = split_digest(path)
-    resumed, info = prepared.open_split(path)
+    assert not os.path.exists(spool) and not os.path.exists(f"{path}.lock")
+    two = split_digest(path)
+    written, info = prepared.open_split(path)
     whole = preparation.encode_pairs(tokenizer, load_pairs(config, "train"))
     for name in ("src", "src_offsets", "tgt", "tgt_offsets"):
-        np.testing.assert_array_equal(getattr(resumed, name), getattr(whole, name))
+        np.testing.assert_array_equal(getattr(written, name), getattr(whole, name))
     expected = {"pairs": 2907, "dtype": "uint16", "skipped_empty": 93, "replaced_lines": 0}
     assert {k: info[k] for k in expected} == expected
     assert info["max_id"] == int(max(whole.src.max(), whole.tgt.max()))
@@ -127,25 +130,26 @@ def test_workers_and_an_interruption_leave_the_same_bytes(tmp_path, monkeypatch)
 
     encode, calls = preparation.encode_pairs, []
 
-    def interrupted(tok, chunk, num_threads=-1):  # killed while encoding the third chunk
+    def interrupted(tok, chunk, num_threads=-1):  # stopped while encoding the third chunk
         calls.append(len(chunk))
         if len(calls) == 3:
             raise KeyboardInterrupt
         return encode(tok, chunk, num_threads)
 
     shutil.rmtree(path)
+    config.prepare_workers = 1  # from the text files now, in this process
     monkeypatch.setattr(preparation, "encode_pairs", interrupted)
     with pytest.raises(KeyboardInterrupt):
         preparation.prepare_split(config, "train", tokenizer, workdir, chunk_pairs=500)
     assert not os.path.exists(path) and calls == [500, 500, 500]
     monkeypatch.setattr(preparation, "encode_pairs", encode)
-    config.prepare_workers = 2  # resumed by two worker processes, 4 chunks left
+    config.prepare_workers = 2  # its last 4 chunks by two workers
     preparation.prepare_split(config, "train", tokenizer, workdir, chunk_pairs=500)
-    assert not os.path.exists(f"{path}.partial-500") and not os.path.exists(f"{path}.lock")
-    assert split_digest(path) == one
+    assert not os.path.exists(f"{path}.partial-500") and split_digest(path) == two
     shutil.rmtree(path)
+    config.prepare_workers = 1
     preparation.prepare_split(config, "train", tokenizer, workdir, chunk_pairs=500)
-    assert split_digest(path) == one  # all 6 chunks by two workers
+    assert split_digest(path) == two
 
 
 def flip_a_byte(path, offset=200):

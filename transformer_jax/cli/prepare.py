@@ -16,19 +16,30 @@ one line that names this command; this command prepares once before the hosts of
 start. Any config field can be overridden with ``--config.<section>.<field>=value``.
 
 Exit codes: 0 prepared (or already prepared); 1 an error, printed as one line; 2 a bad
-command line.
+command line; 75 stopped by SIGTERM and 130 by Ctrl-C (rerun to resume).
 """
 
 from __future__ import annotations
 
+import signal
 import sys
 from collections.abc import Sequence
+from types import FrameType
 
 from absl import flags
 
-from transformer_jax.cli.flags import Failure, config_and_workdir, define_config_flag, run
+from transformer_jax.cli.flags import (
+    EXIT_INTERRUPTED,
+    EXIT_PREEMPTED,
+    Failure,
+    config_and_workdir,
+    define_config_flag,
+    run,
+)
 from transformer_jax.data.preparation import prepare_run_data, run_splits
 from transformer_jax.training.validation import validate_config
+
+RESUME = "rerun to resume from the chunks already written"
 
 
 def define_flags(values: flags.FlagValues, argv: list[str]) -> None:
@@ -41,6 +52,10 @@ def define_flags(values: flags.FlagValues, argv: list[str]) -> None:
     )
 
 
+def _stopped(signum: int, frame: FrameType | None) -> None:
+    raise Failure(f"stopped by SIGTERM: {RESUME}", EXIT_PREEMPTED)
+
+
 def _prepare(values: flags.FlagValues, positional: list[str]) -> None:
     config, workdir = config_and_workdir(values, positional)
     if values.data_dir is not None:
@@ -49,12 +64,15 @@ def _prepare(values: flags.FlagValues, positional: list[str]) -> None:
         config.data.prepare_workers = values.workers
     model_config = validate_config(config)  # before anything is written
     splits = run_splits(config.data, config.train.final_test)
+    previous = signal.signal(signal.SIGTERM, _stopped)  # the workers stopped, then one line
     try:
         paths = prepare_run_data(
             config.data, workdir, config.model.vocab_size, model_config.tgt_vocab, splits
         )
     except KeyboardInterrupt:
-        raise Failure("interrupted: rerun to resume from the chunks already written") from None
+        raise Failure(f"interrupted: {RESUME}", EXIT_INTERRUPTED) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     print("prepared:", *paths, sep="\n  ", file=sys.stdout)
 
 

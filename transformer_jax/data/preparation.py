@@ -26,6 +26,8 @@ import os
 import shutil
 import signal
 import sys
+import threading
+import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -39,15 +41,12 @@ from transformer_jax.data.prepared import (
     DamagedSplit,
     open_sources,
     open_split,
-    open_spool,
-    read_spool,
     source_texts,
-    texts_at,
     write_sources,
     write_split,
-    write_spool,
 )
 from transformer_jax.data.sources import Pair, ReadCounts, count_pairs, stream_pairs, text_path
+from transformer_jax.data.spool import open_spool, read_spool, texts_at, write_spool
 from transformer_jax.data.tokenizer import (
     Tokenizer,
     load_tokenizer,
@@ -78,7 +77,7 @@ def get_tokenizer(
     path = os.path.join(workdir, TOKENIZER_FILE)
     if os.path.isfile(path):
         return load_tokenizer(path, target_vocab_size)
-    spool = _spool_path(data_config, data_config.train_split, workdir)
+    spool = spool_path(data_config, data_config.train_split, workdir)
     if not os.path.isdir(spool):
         os.makedirs(os.path.dirname(spool), exist_ok=True)
         counts = ReadCounts()
@@ -122,7 +121,7 @@ def _data_dir(data_config: Any, workdir: str) -> str:
     return data_config.data_dir or os.path.join(workdir, CACHE_DIR)
 
 
-def _spool_path(data_config: Any, split: str, workdir: str) -> str:
+def spool_path(data_config: Any, split: str, workdir: str) -> str:
     """Where the pairs of a split read to train the tokenizer are kept for encoding."""
     name = f"{split}-{_key(_origin(data_config, split))}.spool"
     return os.path.join(_data_dir(data_config, workdir), name)
@@ -130,7 +129,7 @@ def _spool_path(data_config: Any, split: str, workdir: str) -> str:
 
 def read_pairs(data_config: Any, split: str, workdir: str, counts: ReadCounts) -> Iterator[Pair]:
     """The pairs of ``split``: from its spool where there is one, else from the source."""
-    spool = _spool_path(data_config, split, workdir)
+    spool = spool_path(data_config, split, workdir)
     if os.path.isdir(spool):
         return read_spool(spool, counts)
     return stream_pairs(data_config, split, counts)
@@ -157,9 +156,21 @@ def workers(data_config: Any) -> int:
     return data_config.prepare_workers or len(os.sched_getaffinity(0))
 
 
-def _start_worker(model_proto: bytes, target_vocab_size: int | None) -> None:
+def _start_worker(model_proto: bytes, target_vocab_size: int | None, parent: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     _worker["tokenizer"] = Tokenizer(model_proto, target_vocab_size)
+    threading.Thread(target=_end_with, args=(parent,), daemon=True).start()
+
+
+def _end_with(parent: int) -> None:
+    """End this worker process once the process ``parent`` has ended however it ended (a
+    worker of a killed process would otherwise wait for work forever)."""
+    while True:
+        time.sleep(1)
+        try:
+            os.kill(parent, 0)
+        except ProcessLookupError:
+            os._exit(1)
 
 
 def _pairs_of(chunk: Chunk, spools: dict[str, Any]) -> list[Pair]:
@@ -189,7 +200,7 @@ def encode_chunks(tokenizer: Tokenizer, chunks: Iterable[Chunk], processes: int)
         return
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["__main__", __name__])  # imported once, not per worker
-    args = (tokenizer.model_proto, tokenizer.target_vocab_size)
+    args = (tokenizer.model_proto, tokenizer.target_vocab_size, os.getpid())
     pool = concurrent.futures.ProcessPoolExecutor(processes, context, _start_worker, args)
     pending: collections.deque = collections.deque()
     try:
@@ -223,7 +234,7 @@ def _chunks_of(
 ) -> tuple[Any, int | None]:
     """``chunks(done)``: the chunks of ``split`` after the first ``done`` (of its spool, or
     read from its source), filling ``counts``; and the lines they come from (or None)."""
-    spool = _spool_path(data_config, split, workdir)
+    spool = spool_path(data_config, split, workdir)
     if os.path.isdir(spool):
         pairs = len(open_spool(spool, counts)[1]) // 2
         starts = lambda done: range(done * chunk_pairs, pairs, chunk_pairs)  # noqa: E731
@@ -275,7 +286,7 @@ def prepare_split(
 
     with bar:
         info = write_split(path, encoded, counts, tokenizer.vocab_size, chunk_pairs=chunk_pairs)
-    shutil.rmtree(_spool_path(data_config, split, workdir), ignore_errors=True)
+    shutil.rmtree(spool_path(data_config, split, workdir), ignore_errors=True)
     print(
         f"{split}: {info['pairs']} pairs prepared in {path} ({info['skipped_empty']} skipped "
         f"for an empty side, {info['replaced_lines']} lines with undecodable bytes replaced "

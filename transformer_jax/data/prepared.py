@@ -23,8 +23,8 @@ then, with a note.
 
 :func:`write_sources` adds ``sources/`` to a prepared training split for BPE-dropout, which
 segments every epoch's sources anew: their UTF-8 bytes end to end and int64 end offsets,
-mapped like the ids, so no process holds the sentences. A spool (:func:`write_spool`) keeps
-a split's pairs the same way, read once from their source for the tokenizer and encoding.
+mapped like the ids, so no process holds the sentences (the same layout as a spool:
+:mod:`transformer_jax.data.spool`).
 """
 
 from __future__ import annotations
@@ -51,7 +51,6 @@ INFO_FILE = "info.json"
 PROGRESS_FILE = "progress.json"
 ARRAYS = ("src", "src_offsets", "tgt", "tgt_offsets")
 CHECK_BLOCK = 1 << 24  # bytes per CRC-32 step of a file
-SAMPLE_BLOCK = 4096  # sentences read at a time by texts_at
 _verified: set[tuple[Any, ...]] = set()  # the splits this process has checked, by file identity
 
 
@@ -68,7 +67,7 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.int32)
 
 
-def _chunks(pairs: Iterable[Pair], size: int) -> Iterator[list[Pair]]:
+def chunked(pairs: Iterable[Pair], size: int) -> Iterator[list[Pair]]:
     iterator = iter(pairs)
     while chunk := list(itertools.islice(iterator, size)):
         yield chunk
@@ -85,7 +84,7 @@ def _locked(path: str) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _write_json(path: str, value: dict[str, Any]) -> None:
+def write_json(path: str, value: dict[str, Any]) -> None:
     tmp = f"{path}.{uuid.uuid4().hex}.tmp"
     with open(tmp, "w") as f:
         json.dump(value, f)
@@ -105,18 +104,32 @@ def _dtypes(dtype: np.dtype) -> dict[str, np.dtype]:
     return {name: np.dtype(np.int64) if "offsets" in name else dtype for name in ARRAYS}
 
 
-def _lengths(progress: dict[str, int]) -> dict[str, int]:
-    pairs = progress["pairs"] + 1
-    return {"src": progress["src"], "tgt": progress["tgt"], **dict.fromkeys(ARRAYS[1::2], pairs)}
+def _sizes(progress: dict[str, int], dtype: np.dtype) -> dict[str, int]:
+    """The bytes of each file of a split written as far as ``progress`` says."""
+    lengths = {"src": progress["src"], "tgt": progress["tgt"]}
+    lengths.update(dict.fromkeys(ARRAYS[1::2], progress["pairs"] + 1))
+    kinds = _dtypes(dtype)
+    return {name: progress["header"] + lengths[name] * kinds[name].itemsize for name in ARRAYS}
+
+
+def _resumable(partial: str, dtype: np.dtype) -> dict[str, int] | None:
+    """The progress recorded in ``partial`` if every file holds at least what it says."""
+    try:
+        with open(os.path.join(partial, PROGRESS_FILE)) as f:
+            progress = json.load(f)
+        sizes = _sizes(progress, dtype)
+        if all(os.path.getsize(os.path.join(partial, f"{n}.npy")) >= sizes[n] for n in ARRAYS):
+            return progress
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return None
 
 
 def _start(partial: str, dtype: np.dtype) -> dict[str, int]:
     """The progress of the split being written in ``partial``, its files cut to it; a new
-    one (empty files) where there is none."""
-    try:
-        with open(os.path.join(partial, PROGRESS_FILE)) as f:
-            progress = json.load(f)
-    except (OSError, ValueError):
+    one (files of no pairs) where there is none to resume."""
+    progress = _resumable(partial, dtype)
+    if progress is None:
         shutil.rmtree(partial, ignore_errors=True)
         os.makedirs(partial)
         progress = {"chunks": 0, "pairs": 0, "src": 0, "tgt": 0, "max_id": 0, "header": 0}
@@ -125,10 +138,8 @@ def _start(partial: str, dtype: np.dtype) -> dict[str, int]:
                 progress["header"] = _header(f, kind, 0)
                 if kind == np.int64:
                     f.write(np.zeros(1, np.int64).tobytes())
-        _write_json(os.path.join(partial, PROGRESS_FILE), progress)
-    lengths = _lengths(progress)
-    for name, kind in _dtypes(dtype).items():
-        size = progress["header"] + lengths[name] * kind.itemsize
+        write_json(os.path.join(partial, PROGRESS_FILE), progress)
+    for name, size in _sizes(progress, dtype).items():
         os.truncate(os.path.join(partial, f"{name}.npy"), size)
     return progress
 
@@ -192,13 +203,15 @@ def _write_partial(
             f.seek(0, os.SEEK_END)
         for encoded in chunks(progress["chunks"]):
             _append(files, encoded, progress, dtype)
-            _write_json(os.path.join(partial, PROGRESS_FILE), progress)
-        for name, length in _lengths(progress).items():
-            if _header(files[name], _dtypes(dtype)[name], length) != progress["header"]:
+            write_json(os.path.join(partial, PROGRESS_FILE), progress)
+        for name, size in _sizes(progress, dtype).items():
+            kind = _dtypes(dtype)[name]
+            length = (size - progress["header"]) // kind.itemsize
+            if _header(files[name], kind, length) != progress["header"]:
                 raise AssertionError(f"the .npy header of {name} changed its length")
     info = {"pairs": progress["pairs"], "dtype": dtype.name, **counts.as_dict()}
     info.update(max_id=progress["max_id"], files=_checksums(partial))
-    _write_json(os.path.join(partial, INFO_FILE), info)
+    write_json(os.path.join(partial, INFO_FILE), info)
     os.remove(os.path.join(partial, PROGRESS_FILE))
 
 
@@ -263,7 +276,7 @@ def _record_checksums(path: str, info: dict[str, Any]) -> dict[str, Any]:
     the directory is writable; one note line either way."""
     info = {**info, "files": _checksums(path)}
     try:
-        _write_json(os.path.join(path, INFO_FILE), info)
+        write_json(os.path.join(path, INFO_FILE), info)
         done = "recorded now from its files"
     except OSError as e:
         done = f"computed from its files but not recorded ({e.strerror})"
@@ -301,7 +314,7 @@ def check_vocabulary(path: str, info: dict[str, Any], vocab_size: int) -> None:
 SOURCES = "sources"  # the source sentences of a prepared split, for BPE-dropout
 
 
-def _write_texts(
+def write_texts(
     tmp: str, chunks: Iterable[list[Any]], texts: Callable[[list[Any]], list[str]]
 ) -> Iterator[list[Any]]:
     """Each of ``chunks`` passed through once its ``texts`` are appended to ``{tmp}/text.bin``
@@ -317,8 +330,8 @@ def _write_texts(
             yield chunk
 
 
-def _map_texts(path: str) -> tuple[np.ndarray, np.ndarray]:
-    """The bytes and end offsets :func:`_write_texts` wrote in ``path``, memory-mapped."""
+def map_texts(path: str) -> tuple[np.ndarray, np.ndarray]:
+    """The bytes and end offsets :func:`write_texts` wrote in ``path``, memory-mapped."""
     mapped = lambda name, dtype: (  # noqa: E731
         np.memmap(os.path.join(path, name), dtype, "r")
         if os.path.getsize(os.path.join(path, name))
@@ -334,7 +347,7 @@ def write_sources(path: str, pairs: Iterable[Pair]) -> None:
     os.makedirs(tmp)
     try:
         sources = lambda chunk: [source for source, _ in chunk]  # noqa: E731
-        for _chunk in _write_texts(tmp, _chunks(pairs, CHUNK_PAIRS), sources):
+        for _chunk in write_texts(tmp, chunked(pairs, CHUNK_PAIRS), sources):
             pass
         if not os.path.isdir(os.path.join(path, SOURCES)):  # else another process wrote it
             os.replace(tmp, os.path.join(path, SOURCES))
@@ -346,7 +359,7 @@ def open_sources(path: str) -> tuple[np.ndarray, np.ndarray] | None:
     """The source sentences of the prepared split at ``path`` (UTF-8 bytes and end offsets,
     memory-mapped), or None if :func:`write_sources` has not written them."""
     directory = os.path.join(path, SOURCES)
-    return _map_texts(directory) if os.path.isdir(directory) else None
+    return map_texts(directory) if os.path.isdir(directory) else None
 
 
 def source_texts(sources: tuple[np.ndarray, np.ndarray], first: int, stop: int) -> list[str]:
@@ -357,54 +370,3 @@ def source_texts(sources: tuple[np.ndarray, np.ndarray], first: int, stop: int) 
     data = bytes(text[begin : begin + int(bounds[-1])]) if len(bounds) else b""
     starts = [0, *bounds[:-1].tolist()]
     return [data[a:b].decode() for a, b in zip(starts, bounds.tolist(), strict=True)]
-
-
-def write_spool(pairs: Iterable[Pair], path: str, counts: ReadCounts) -> None:
-    """``pairs`` written to a spool at ``path``: a directory holding the UTF-8 bytes of every
-    sentence end to end (a pair's source, then its target), their int64 end offsets, and
-    ``counts`` once ``pairs`` is exhausted, so that later passes read local files, not the
-    source. The directory appears, renamed from a temporary one, only when it is whole."""
-    tmp = f"{path}.{uuid.uuid4().hex}.tmp"
-    os.makedirs(tmp)
-    try:
-        both = lambda chunk: [s for pair in chunk for s in pair]  # noqa: E731
-        for _chunk in _write_texts(tmp, _chunks(pairs, CHUNK_PAIRS), both):
-            pass
-        _write_json(f"{tmp}/{INFO_FILE}", counts.as_dict())
-        if not os.path.isdir(path):  # else another process spooled it meanwhile
-            os.replace(tmp, path)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def open_spool(path: str, counts: ReadCounts) -> tuple[np.ndarray, np.ndarray]:
-    """The sentences of the spool at ``path`` (bytes and end offsets, memory-mapped: sentence
-    2i is pair i's source, 2i + 1 its target), its counts added to ``counts``."""
-    with open(os.path.join(path, INFO_FILE)) as f:
-        saved = json.load(f)
-    counts.skipped_empty += saved["skipped_empty"]
-    counts.replaced_lines += saved["replaced_lines"]
-    return _map_texts(path)
-
-
-def read_spool(path: str, counts: ReadCounts) -> Iterator[Pair]:
-    """The pairs of the spool at ``path``, its counts added to ``counts``."""
-    texts = open_spool(path, counts)
-    for first in range(0, len(texts[1]), 2 * CHUNK_PAIRS):
-        sentences = source_texts(texts, first, min(first + 2 * CHUNK_PAIRS, len(texts[1])))
-        yield from zip(sentences[::2], sentences[1::2], strict=True)
-
-
-def texts_at(texts: tuple[np.ndarray, np.ndarray], indices: np.ndarray) -> list[str]:
-    """The sentences at the ascending ``indices`` of mapped bytes and end offsets, read
-    ``SAMPLE_BLOCK`` sentences at a time."""
-    text, ends = texts
-    stops = np.asarray(ends[indices])
-    starts = np.where(indices > 0, np.asarray(ends[np.maximum(indices - 1, 0)]), 0)
-    sentences = []
-    for a in range(0, len(indices), SAMPLE_BLOCK):
-        first, last = starts[a : a + SAMPLE_BLOCK], stops[a : a + SAMPLE_BLOCK]
-        data, base = bytes(text[first[0] : last[-1]]), int(first[0])
-        bounds = zip((first - base).tolist(), (last - base).tolist(), strict=True)
-        sentences.extend(data[x:y].decode() for x, y in bounds)
-    return sentences
