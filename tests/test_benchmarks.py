@@ -689,6 +689,26 @@ def test_data_pipeline_mapped_smoke():
         assert result[stage]["batches_per_s"] > 0 and result[stage]["anon_added"] > 0
 
 
+@pytest.mark.slow  # seven stage processes, each importing JAX (~40 s)
+def test_preparation_smoke():
+    payload = _script("preparation").main(["--smoke"])
+    stages = payload["result"]["stages"]
+    assert list(stages) == [
+        "spool",
+        "tokenizer",
+        "encode spool 1",
+        "encode spool 2",
+        "open",
+        "encode text 1",
+        "encode text 2",
+    ]
+    assert stages["encode spool 1"]["digest"] == stages["encode spool 2"]["digest"]
+    assert stages["encode text 1"]["digest"] == stages["encode text 2"]["digest"]
+    assert stages["open"]["mb_per_s"] > 0
+    estimate = payload["extrapolation"]
+    assert estimate["total"] == estimate["spool"] + estimate["tokenizer"] + estimate["encode"] > 0
+
+
 def test_hostile_trials_sort_outcomes():
     """A refusal is one line with a failure code; a traceback, a C++ abort, a death by
     signal, a hang or exit 0 are not."""

@@ -176,7 +176,8 @@ def test_a_damaged_split_is_refused_in_one_line_and_prepare_rebuilds_it_alone(tm
     assert str(e.value) == (
         f"prepared data damaged: {train}/src.npy (CRC-32 {prepared._crc32(f'{train}/src.npy')} "
         f"where {prepared._read_info(train)['files']['src.npy']['crc32']} was written); "
-        f"rebuild it with: transformer-jax prepare --workdir {workdir} and this run's --config"
+        f"rebuild it with: transformer-jax prepare --workdir {workdir} and this run's --config and "
+        "overrides"
     )
     with open(f"{train}/tgt_offsets.npy", "r+b") as f:
         f.truncate(1)
@@ -211,6 +212,10 @@ def test_a_split_prepared_without_checksums_opens_and_records_them(tmp_path, cap
     )
     flip_a_byte(f"{path}/tgt.npy")
     with pytest.raises(prepared.DamagedSplit, match="tgt.npy"):
+        prepared.open_split(path)
+    with open(f"{path}/{prepared.INFO_FILE}", "w") as f:
+        f.write('{"pairs": 3, "files": 1}')
+    with pytest.raises(prepared.DamagedSplit, match=r"info\.json \(its checksums are unreadable"):
         prepared.open_split(path)
 
 

@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -39,6 +39,7 @@ from transformer_jax.data.batching import EncodedPairs
 from transformer_jax.data.prepared import (
     CHUNK_PAIRS,
     DamagedSplit,
+    chunked,
     open_sources,
     open_split,
     source_texts,
@@ -188,7 +189,9 @@ def _encode_in_worker(chunk: Chunk) -> EncodedPairs:
     return encode_pairs(_worker["tokenizer"], _pairs_of(chunk, _worker["spools"]), num_threads=1)
 
 
-def encode_chunks(tokenizer: Tokenizer, chunks: Iterable[Chunk], processes: int) -> Iterator:
+def encode_chunks(
+    tokenizer: Tokenizer, chunks: Iterable[Chunk], processes: int
+) -> Iterator[EncodedPairs]:
     """The encoded ``chunks``, in order: by ``processes`` worker processes (at most two
     chunks each ahead of the one awaited), or in this process for one process or chunk."""
     chunks = iter(chunks)
@@ -231,22 +234,24 @@ def _check_target_order(data_config: Any, tokenizer: Tokenizer, workdir: str) ->
 
 def _chunks_of(
     data_config: Any, split: str, workdir: str, counts: ReadCounts, chunk_pairs: int
-) -> tuple[Any, int | None]:
+) -> tuple[Callable[[int], Iterable[Chunk]], int | None]:
     """``chunks(done)``: the chunks of ``split`` after the first ``done`` (of its spool, or
     read from its source), filling ``counts``; and the lines they come from (or None)."""
     spool = spool_path(data_config, split, workdir)
     if os.path.isdir(spool):
         pairs = len(open_spool(spool, counts)[1]) // 2
-        starts = lambda done: range(done * chunk_pairs, pairs, chunk_pairs)  # noqa: E731
-        chunks = lambda done: [(spool, a, min(a + chunk_pairs, pairs)) for a in starts(done)]  # noqa: E731
-        return chunks, pairs + counts.skipped_empty
 
-    def chunks(done: int) -> Iterator[list[Pair]]:
+        def spooled(done: int) -> list[Chunk]:
+            starts = range(done * chunk_pairs, pairs, chunk_pairs)
+            return [(spool, a, min(a + chunk_pairs, pairs)) for a in starts]
+
+        return spooled, pairs + counts.skipped_empty
+
+    def streamed(done: int) -> Iterator[Chunk]:
         pairs = stream_pairs(data_config, split, counts)
-        batches = iter(lambda: list(itertools.islice(pairs, chunk_pairs)), [])
-        return itertools.islice(batches, done, None)
+        return itertools.islice(chunked(pairs, chunk_pairs), done, None)
 
-    return chunks, count_pairs(data_config, split)
+    return streamed, count_pairs(data_config, split)
 
 
 def prepare_split(
@@ -268,7 +273,9 @@ def prepare_split(
         except DamagedSplit as e:
             if not rebuild:
                 hint = f"rebuild it with: transformer-jax prepare --workdir {workdir}"
-                raise DamagedSplit(e.file, e.reason, f"{hint} and this run's --config") from None
+                raise DamagedSplit(
+                    e.file, e.reason, f"{hint} and this run's --config and overrides"
+                ) from None
             print(f"warning: {e}; preparing {os.path.basename(path)} anew", file=sys.stderr)
             shutil.rmtree(path)
     if split == data_config.train_split and tokenizer.target_vocab_size is not None:

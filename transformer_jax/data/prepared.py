@@ -259,16 +259,28 @@ def _verify(path: str, info: dict[str, Any]) -> dict[str, Any]:
     if key in _verified:
         return info
     if "files" not in info:
-        return _record_checksums(path, info)
-    files = [(os.path.join(path, f"{n}.npy"), info["files"][f"{n}.npy"]) for n in ARRAYS]
-    for (file, recorded), (_, size, _) in zip(files, identity, strict=True):  # sizes first
-        if size != recorded["bytes"]:
-            raise DamagedSplit(file, f"{size} bytes where {recorded['bytes']} were written")
-    for file, recorded in files:
-        if (crc := _crc32(file)) != recorded["crc32"]:
-            raise DamagedSplit(file, f"CRC-32 {crc} where {recorded['crc32']} was written")
+        info = _record_checksums(path, info)
+    else:
+        _check(path, info, [size for _, size, _ in identity])
     _verified.add(key)
     return info
+
+
+def _check(path: str, info: dict[str, Any], sizes: list[int]) -> None:
+    """:class:`DamagedSplit` unless the array files of ``sizes`` match ``info``'s record."""
+    try:
+        recorded = [
+            (info["files"][f"{n}.npy"]["bytes"], info["files"][f"{n}.npy"]["crc32"]) for n in ARRAYS
+        ]
+    except (KeyError, TypeError):
+        raise DamagedSplit(os.path.join(path, INFO_FILE), "its checksums are unreadable") from None
+    files = [os.path.join(path, f"{name}.npy") for name in ARRAYS]
+    for file, size, (written, _) in zip(files, sizes, recorded, strict=True):  # sizes first
+        if size != written:
+            raise DamagedSplit(file, f"{size} bytes where {written} were written")
+    for file, (_, crc32) in zip(files, recorded, strict=True):
+        if (crc := _crc32(file)) != crc32:
+            raise DamagedSplit(file, f"CRC-32 {crc} where {crc32} was written")
 
 
 def _record_checksums(path: str, info: dict[str, Any]) -> dict[str, Any]:
