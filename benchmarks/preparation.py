@@ -47,20 +47,21 @@ TICK = os.sysconf("SC_CLK_TCK")
 
 def descendants(pid: int) -> list[int]:
     """The processes below ``pid`` (children, their children, ...), from /proc."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry))
     found, stack = [], [pid]
     while stack:
-        for child in children.get(stack.pop(), []):
-            found.append(child)
-            stack.append(child)
+        parent = stack.pop()
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                with open(f"/proc/{parent}/task/{task}/children") as f:
+                    children = [int(child) for child in f.read().split()]
+            except OSError:
+                continue
+            found += children
+            stack += children
     return found
 
 
@@ -92,21 +93,26 @@ class Sampler(threading.Thread):
     """Samples this process's descendants (their CPU seconds, the last seen of each) and the
     peaks of the whole tree's RSS and of ``directory``'s disk use, every ``interval`` s."""
 
-    def __init__(self, directory: str, interval: float = 0.2):
+    def __init__(self, directory: str, interval: float = 0.5):
         super().__init__(daemon=True)
         self.directory, self.interval, self.stop = directory, interval, threading.Event()
         self.cpu: dict[int, float] = {}
         self.peak_rss = self.peak_disk = 0
+        self.own_cpu = 0.0  # this thread's CPU seconds, not the stage's
 
     def run(self) -> None:
         while not self.stop.wait(self.interval):
-            rss = cpu_and_rss(os.getpid())[1]
-            for pid in descendants(os.getpid()):
-                cpu, resident = cpu_and_rss(pid)
-                self.cpu[pid] = max(self.cpu.get(pid, 0.0), cpu)
-                rss += resident
-            self.peak_rss = max(self.peak_rss, rss)
-            self.peak_disk = max(self.peak_disk, disk_bytes(self.directory))
+            self.sample()
+            self.own_cpu = time.thread_time()
+
+    def sample(self) -> None:
+        rss = cpu_and_rss(os.getpid())[1]
+        for pid in descendants(os.getpid()):
+            cpu, resident = cpu_and_rss(pid)
+            self.cpu[pid] = max(self.cpu.get(pid, 0.0), cpu)
+            rss += resident
+        self.peak_rss = max(self.peak_rss, rss)
+        self.peak_disk = max(self.peak_disk, disk_bytes(self.directory))
 
 
 def split_digest(path: str) -> str:
@@ -150,9 +156,10 @@ def run_stage(stage: str, directory: str, vocab: int, workers: int, smoke: bool)
         start, cpu = time.perf_counter(), time.process_time()
         prepared.open_split(path)
         record["mb_per_s"] = disk_bytes(path) / 1e6 / (time.perf_counter() - start)
-    record.update(seconds=time.perf_counter() - start, cpu_seconds=time.process_time() - cpu)
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     sampler.stop.set()
     sampler.join()
+    record.update(seconds=seconds, cpu_seconds=cpu - sampler.own_cpu)
     record.update(worker_cpu_seconds=sum(sampler.cpu.values()), peak_disk=sampler.peak_disk)
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     record["peak_rss"] = max(sampler.peak_rss, own)
