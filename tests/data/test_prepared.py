@@ -327,7 +327,7 @@ def test_the_prepare_command(tmp_path):
 SHARE = textwrap.dedent(
     """
     import json, sys
-    from transformer_jax.data import pipeline
+    from transformer_jax.data import pipeline, preparation
     from transformer_jax.training import distributed
     from transformer_jax.training.schema import default_config
 
