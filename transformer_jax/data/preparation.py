@@ -170,7 +170,7 @@ def _end_with(parent: int) -> None:
         time.sleep(1)
         try:
             os.kill(parent, 0)
-        except ProcessLookupError:
+        except OSError:  # gone (or its number reused by another user's process)
             os._exit(1)
 
 
