@@ -6,10 +6,11 @@ For each N of ``--sizes`` the script writes N pairs in the text layout
 one word of each side replaced by a seeded random word of the task, so lines repeat rarely.
 Each stage then runs in its own process, timed and with its peak RSS (``ru_maxrss``):
 
-* ``tokenizer``: ``get_tokenizer`` (the streamed reservoir sample of
-  ``data.tokenizer_train_sentences`` sentences, BPE training, vocabulary ``--vocab``);
-* ``encode``: ``prepare_split`` of the training split (chunks, then the memory-mapped
-  arrays);
+* ``tokenizer``: ``get_tokenizer`` (the split spooled, a sample of
+  ``data.tokenizer_train_sentences`` sentences drawn by index, BPE training, vocabulary
+  ``--vocab``);
+* ``encode``: ``prepare_split`` of the training split (chunks encoded by one process per
+  core, written in place into the memory-mapped arrays);
 * ``start bucketed`` / ``start packed``: a prepared run's start, ``train_iterator`` (mapping
   the files, the epoch's order and bucketed plan) and its first batch, in seconds and CPU
   seconds (the process's, all threads); "RSS added" is the process's
@@ -83,31 +84,26 @@ MAPPED_CHUNK = 1 << 20  # pairs written at a time by write_mapped
 
 
 def write_mapped(path: str, n: int, vocab: int, seed: int = 0) -> None:
-    """N pairs of prepared arrays at ``path`` (the layout of ``data.prepared``), written a
-    chunk at a time: random ids, lengths 1 + Poisson of the synthetic corpus's means."""
+    """N pairs of prepared arrays at ``path`` (``prepared.write_split``), a chunk at a time:
+    random ids, lengths 1 + Poisson of the synthetic corpus's means."""
     import numpy as np
 
     from transformer_jax.data import prepared
+    from transformer_jax.data.batching import EncodedPairs
+    from transformer_jax.data.sources import ReadCounts
 
     rng = np.random.default_rng(seed)
-    lengths = {"src": [], "tgt": []}
-    for a in range(0, n, MAPPED_CHUNK):
-        size = min(MAPPED_CHUNK, n - a)
-        lengths["src"].append(1 + rng.poisson(15.7, size).astype(np.int64))
-        lengths["tgt"].append(1 + rng.poisson(15.3, size).astype(np.int64))
-    os.makedirs(path)
-    for side in ("src", "tgt"):
-        offsets = np.concatenate([[0], np.cumsum(np.concatenate(lengths[side]))])
-        np.save(os.path.join(path, f"{side}_offsets.npy"), offsets)
-        with open(os.path.join(path, f"{side}.npy"), "wb") as f:
-            header = {"descr": "<u2", "fortran_order": False, "shape": (int(offsets[-1]),)}
-            np.lib.format.write_array_header_1_0(f, header)
-            for a in range(0, int(offsets[-1]), MAPPED_CHUNK * 16):
-                count = min(MAPPED_CHUNK * 16, int(offsets[-1]) - a)
-                f.write(rng.integers(4, vocab, count, dtype=np.uint16).tobytes())
-    info = {"pairs": n, "dtype": "uint16", "max_id": vocab - 1}
-    with open(os.path.join(path, prepared.INFO_FILE), "w") as f:
-        json.dump({**info, "skipped_empty": 0, "replaced_lines": 0}, f)
+
+    def side(size: int, mean: float) -> tuple[np.ndarray, np.ndarray]:
+        offsets = np.concatenate([[0], np.cumsum(1 + rng.poisson(mean, size))])
+        return rng.integers(4, vocab, offsets[-1], dtype=np.uint16), offsets
+
+    def chunks(done: int):
+        for a in range(done * MAPPED_CHUNK, n, MAPPED_CHUNK):
+            size = min(MAPPED_CHUNK, n - a)
+            yield EncodedPairs(*side(size, 15.7), *side(size, 15.3))
+
+    prepared.write_split(path, chunks, ReadCounts(), vocab, chunk_pairs=MAPPED_CHUNK)
 
 
 def data_config(directory: str, smoke: bool) -> Any:
@@ -145,20 +141,20 @@ def run_stage(stage: str, directory: str, vocab: int, batches: int, smoke: bool)
     """One stage in this process (the script runs each in a process of its own)."""
     import numpy as np
 
-    from transformer_jax.data import pipeline
+    from transformer_jax.data import preparation
 
     config = data_config(directory, smoke)
     workdir = os.path.join(directory, "run")
     before, start = rss_bytes(), time.perf_counter()
     record: dict[str, Any] = {}
     if stage == "tokenizer":
-        pipeline.get_tokenizer(config, workdir, vocab)
+        preparation.get_tokenizer(config, workdir, vocab)
     else:
         mapped = stage.startswith("mapped")
-        tokenizer = None if mapped else pipeline.get_tokenizer(config, workdir, vocab)
+        tokenizer = None if mapped else preparation.get_tokenizer(config, workdir, vocab)
         before, start, cpu = rss_bytes(), time.perf_counter(), time.process_time()
         if stage == "encode":
-            pipeline.prepare_split(config, "train", tokenizer, workdir)
+            preparation.prepare_split(config, "train", tokenizer, workdir)
         else:
             iterator = start_run(stage, directory, config, tokenizer)
             next(iterator)

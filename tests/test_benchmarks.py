@@ -264,7 +264,7 @@ def test_quality_parses_the_baselines_output():
 
 
 def test_quality_counts_the_batches_of_a_packed_run(tmp_path):
-    from transformer_jax.data import pipeline
+    from transformer_jax.data import pipeline, preparation
     from transformer_jax.data.batching import TrainIterator
     from transformer_jax.training.schema import default_config
 
@@ -272,7 +272,7 @@ def test_quality_counts_the_batches_of_a_packed_run(tmp_path):
     config.data.update(source="synthetic", packing=True, tokens_per_batch=1024, max_len=64)
     config.data.update(train_split="validation", tokenizer_train_sentences=2000)
     (tmp_path / "config.json").write_text(config.to_json())
-    tokenizer = pipeline.get_tokenizer(config.data, str(tmp_path), 400)
+    tokenizer = preparation.get_tokenizer(config.data, str(tmp_path), 400)
     encoded = pipeline.encoded_split(config.data, "validation", tokenizer, str(tmp_path))
     batcher = pipeline.make_batcher(config.data, encoded, 2)
     expected = len(TrainIterator(batcher, config.data.seed).epoch_plan(0))
@@ -687,6 +687,26 @@ def test_data_pipeline_mapped_smoke():
     assert result["pairs"] == 2000 and "encode" not in result  # --smoke's size
     for stage in ("mapped bucketed", "mapped packed"):
         assert result[stage]["batches_per_s"] > 0 and result[stage]["anon_added"] > 0
+
+
+@pytest.mark.slow  # seven stage processes, each importing JAX (~40 s)
+def test_preparation_smoke():
+    payload = _script("preparation").main(["--smoke"])
+    stages = payload["result"]["stages"]
+    assert list(stages) == [
+        "spool",
+        "tokenizer",
+        "encode spool 1",
+        "encode spool 2",
+        "open",
+        "encode text 1",
+        "encode text 2",
+    ]
+    assert stages["encode spool 1"]["digest"] == stages["encode spool 2"]["digest"]
+    assert stages["encode text 1"]["digest"] == stages["encode text 2"]["digest"]
+    assert stages["open"]["mb_per_s"] > 0
+    estimate = payload["extrapolation"]
+    assert estimate["total"] == estimate["spool"] + estimate["tokenizer"] + estimate["encode"] > 0
 
 
 def test_hostile_trials_sort_outcomes():

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from conftest import TINY_CONFIG
 
-from transformer_jax.data import batching, pipeline, plans
+from transformer_jax.data import batching, pipeline, plans, preparation
 from transformer_jax.data.batching import Batcher, EncodedPairs, TrainIterator, eval_batches
 from transformer_jax.data.synthetic import synthetic_pairs
 from transformer_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
@@ -304,34 +304,39 @@ def test_pipeline_encodes_targets_with_the_first_pieces(tmp_path, monkeypatch):
     config = default_config().data
     config.update(source="synthetic", max_len=64, tokenizer_train_sentences=2000)
     workdir = str(tmp_path)
-    stream, reads = pipeline.stream_pairs, []
+    stream, reads = preparation.stream_pairs, []
     monkeypatch.setattr(
-        pipeline,
+        preparation,
         "stream_pairs",
         lambda c, split, counts: reads.append(split) or stream(c, split, counts),
     )
-    limited = pipeline.get_tokenizer(config, workdir, 500, target_vocab_size=100)
+    limited = preparation.get_tokenizer(config, workdir, 500, target_vocab_size=100)
     assert limited.target_vocab_size == 100 and reads == ["train"]  # one pass: both orders
     encoded = pipeline.encoded_split(config, "validation", limited, workdir)
     assert encoded.tgt.max() < 100 <= encoded.src.max()
     pairs = synthetic_pairs("validation")
     targets = [encoded.target(i) for i in range(len(encoded))]
     assert limited.decode_batch(targets) == [t for _, t in pairs]
-    whole = pipeline.get_tokenizer(config, workdir, 500)  # the same file, all pieces
+    whole = preparation.get_tokenizer(config, workdir, 500)  # the same file, all pieces
     assert whole.target_vocab_size is None and whole.fingerprint == limited.fingerprint
     assert pipeline.encoded_split(config, "validation", whole, workdir).tgt.max() >= 100
-    assert len(os.listdir(os.path.join(workdir, "data_cache"))) == 2
+    cache = os.listdir(os.path.join(workdir, "data_cache"))
+    assert sorted(name.split("-")[0] for name in cache if not name.endswith(".spool")) == [
+        "validation",
+        "validation",
+    ]
 
     # a tokenizer trained without the limit is refused for it, naming the file and the field
     plain = str(tmp_path / "plain")
-    unnumbered = pipeline.get_tokenizer(config, plain, 500)
+    unnumbered = preparation.get_tokenizer(config, plain, 500)
     assert unnumbered.model_proto != limited.model_proto
-    again = pipeline.get_tokenizer(config, plain, 500, target_vocab_size=100)
+    again = preparation.get_tokenizer(config, plain, 500, target_vocab_size=100)
     reads.clear()
     with pytest.raises(ValueError, match=r"tokenizer.model does not number .*tgt_vocab_size=100"):
         pipeline.encoded_split(config, "train", again, plain)
-    assert reads == ["train"]  # checked in the pass that encodes, whose output is removed
-    assert not [f for f in os.listdir(os.path.join(plain, "data_cache")) if f.startswith("train")]
+    assert reads == []  # checked on the spool the tokenizer was trained from, before encoding
+    cache = os.listdir(os.path.join(plain, "data_cache"))
+    assert [f for f in cache if f.startswith("train")] == [f for f in cache if f.endswith(".spool")]
     assert pipeline.encoded_split(config, "train", limited, workdir).tgt.max() < 100
 
 
@@ -341,11 +346,12 @@ def test_pipeline_trains_tokenizer_once_and_caches_ids(tmp_path):
         source="synthetic", max_len=64, tokens_per_batch=2048, tokenizer_train_sentences=2000
     )
     workdir = str(tmp_path)
-    tokenizer = pipeline.get_tokenizer(config, workdir, 500)
+    tokenizer = preparation.get_tokenizer(config, workdir, 500)
     assert os.path.isfile(os.path.join(workdir, "tokenizer.model"))
-    assert pipeline.get_tokenizer(config, workdir, 500).fingerprint == tokenizer.fingerprint
+    assert preparation.get_tokenizer(config, workdir, 500).fingerprint == tokenizer.fingerprint
     encoded = pipeline.encoded_split(config, "validation", tokenizer, workdir)
-    (cache,) = os.listdir(os.path.join(workdir, "data_cache"))
+    spool, cache = sorted(os.listdir(os.path.join(workdir, "data_cache")))
+    assert spool.startswith("train-") and spool.endswith(".spool")  # kept to encode train
     assert cache.startswith("validation-") and encoded.src.dtype == np.uint16
     cached = pipeline.encoded_split(config, "validation", tokenizer, workdir)
     np.testing.assert_array_equal(cached.tgt, encoded.tgt)

@@ -1,13 +1,16 @@
 """Prepared (binarized, memory-mapped) splits: the same ids, batches and resumes as the
-in-memory encoding, resumable preparation, streamed text/gzip/TFDS (a real ArrayRecord
-dataset), counts of what reading skipped, the ``data.prepare`` command, and two processes
-reading disjoint shares of one prepared split."""
+in-memory encoding, the same bytes for any number of workers and after an interruption,
+checksums (a damaged split refused in one line, prepared anew by ``prepare``; an old one
+opened), streamed text/gzip/TFDS (a real ArrayRecord dataset), counts of what reading
+skipped, the ``data.prepare`` command, and two processes reading disjoint shares of one
+prepared split."""
 
 import gzip
 import hashlib
 import json
 import os
 import random
+import shutil
 import socket
 import subprocess
 import sys
@@ -17,7 +20,7 @@ import numpy as np
 import pytest
 from conftest import ROOT
 
-from transformer_jax.data import pipeline, prepared
+from transformer_jax.data import pipeline, preparation, prepared
 from transformer_jax.data.batching import Batcher, TrainIterator
 from transformer_jax.data.sources import ReadCounts, load_pairs, stream_pairs
 from transformer_jax.training.schema import default_config
@@ -56,7 +59,7 @@ def data_config(**changes):
 
 
 def digest(config, workdir):
-    tokenizer = pipeline.get_tokenizer(config, workdir, 400)
+    tokenizer = preparation.get_tokenizer(config, workdir, 400)
     h = hashlib.sha1(tokenizer.model_proto)
     encoded = pipeline.encoded_split(config, "train", tokenizer, workdir)
     for array in (encoded.src, encoded.src_offsets, encoded.tgt, encoded.tgt_offsets):
@@ -89,7 +92,7 @@ def test_prepared_text_equals_the_in_memory_encoding(tmp_path):
     assert found == REFERENCE["text"]
     assert isinstance(encoded.src, np.memmap) and encoded.src.dtype == np.uint16
     assert encoded.read_counts == {"skipped_empty": 93, "replaced_lines": 0}
-    in_memory = pipeline.encode_pairs(tokenizer, load_pairs(config, "train"))
+    in_memory = preparation.encode_pairs(tokenizer, load_pairs(config, "train"))
     for name in ("src", "src_offsets", "tgt", "tgt_offsets"):
         np.testing.assert_array_equal(getattr(encoded, name), getattr(in_memory, name))
 
@@ -100,48 +103,120 @@ def test_prepared_synthetic_equals_the_in_memory_encoding(tmp_path):
     assert found == REFERENCE["synthetic"]
 
 
-def test_an_interrupted_preparation_resumes_with_its_chunks(tmp_path, monkeypatch):
-    config = data_config(source="text", text_dir=write_corpus(tmp_path))
+def split_digest(path):
+    """The sha256 of each file of a prepared split."""
+    names = sorted(n for n in os.listdir(path) if n.endswith(".npy")) + [prepared.INFO_FILE]
+    return {n: hashlib.sha256(open(os.path.join(path, n), "rb").read()).hexdigest() for n in names}
+
+
+def test_workers_and_an_interruption_leave_the_same_bytes(tmp_path, monkeypatch):
+    config = data_config(source="text", text_dir=write_corpus(tmp_path), prepare_workers=2)
     workdir = str(tmp_path / "run")
-    tokenizer = pipeline.get_tokenizer(config, workdir, 400)
-    encode, calls, killed = pipeline.encode_pairs, [], []
-
-    def interrupted(tok, chunk):
-        calls.append(len(chunk))
-        if len(calls) == 3 and not killed:
-            killed.append(True)
-            raise RuntimeError("killed")
-        return encode(tok, chunk)
-
-    monkeypatch.setattr(pipeline, "encode_pairs", interrupted)
-    with pytest.raises(RuntimeError, match="killed"):
-        pipeline.prepare_split(config, "train", tokenizer, workdir, chunk_pairs=500)
-    path = pipeline.prepared_path(config, "train", tokenizer, workdir)
-    assert not os.path.exists(path)
-    assert sorted(os.listdir(f"{path}.partial-500")) == ["chunk-000000.npz", "chunk-000001.npz"]
-    calls.clear()
-    pipeline.prepare_split(config, "train", tokenizer, workdir, chunk_pairs=500)
-    assert calls == [500, 500, 500, 407]  # the two finished chunks are not encoded again
-    assert not os.path.exists(f"{path}.partial-500")
-    resumed, info = prepared.open_split(path)
-    whole = pipeline.encode_pairs(tokenizer, load_pairs(config, "train"))
+    tokenizer = preparation.get_tokenizer(config, workdir, 400)
+    path = preparation.prepared_path(config, "train", tokenizer, workdir)
+    spool = preparation.spool_path(config, "train", workdir)
+    assert os.path.isdir(spool)  # the tokenizer's pass, read by two workers
+    preparation.prepare_split(config, "train", tokenizer, workdir, chunk_pairs=500)
+    assert not os.path.exists(spool) and not os.path.exists(f"{path}.lock")
+    two = split_digest(path)
+    written, info = prepared.open_split(path)
+    whole = preparation.encode_pairs(tokenizer, load_pairs(config, "train"))
     for name in ("src", "src_offsets", "tgt", "tgt_offsets"):
-        np.testing.assert_array_equal(getattr(resumed, name), getattr(whole, name))
+        np.testing.assert_array_equal(getattr(written, name), getattr(whole, name))
     expected = {"pairs": 2907, "dtype": "uint16", "skipped_empty": 93, "replaced_lines": 0}
-    assert info == {**expected, "max_id": int(max(whole.src.max(), whole.tgt.max()))}
+    assert {k: info[k] for k in expected} == expected
+    assert info["max_id"] == int(max(whole.src.max(), whole.tgt.max()))
+    assert sorted(info["files"]) == ["src.npy", "src_offsets.npy", "tgt.npy", "tgt_offsets.npy"]
+
+    encode, calls = preparation.encode_pairs, []
+
+    def interrupted(tok, chunk, num_threads=-1):  # stopped while encoding the third chunk
+        calls.append(len(chunk))
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return encode(tok, chunk, num_threads)
+
+    shutil.rmtree(path)
+    config.prepare_workers = 1  # from the text files now, in this process
+    monkeypatch.setattr(preparation, "encode_pairs", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        preparation.prepare_split(config, "train", tokenizer, workdir, chunk_pairs=500)
+    assert not os.path.exists(path) and calls == [500, 500, 500]
+    monkeypatch.setattr(preparation, "encode_pairs", encode)
+    config.prepare_workers = 2  # its last 4 chunks by two workers
+    preparation.prepare_split(config, "train", tokenizer, workdir, chunk_pairs=500)
+    assert not os.path.exists(f"{path}.partial-500") and split_digest(path) == two
+    shutil.rmtree(path)
+    config.prepare_workers = 1
+    preparation.prepare_split(config, "train", tokenizer, workdir, chunk_pairs=500)
+    assert split_digest(path) == two
 
 
-def test_a_damaged_prepared_split_is_rebuilt(tmp_path, capsys):
+def flip_a_byte(path, offset=200):
+    data = bytearray(open(path, "rb").read())
+    data[offset] ^= 0x04
+    open(path, "wb").write(bytes(data))
+
+
+def test_a_damaged_split_is_refused_in_one_line_and_prepare_rebuilds_it_alone(tmp_path, capsys):
     config = data_config(source="text", text_dir=write_corpus(tmp_path))
+    for lang in ("en", "de"):
+        shutil.copy(tmp_path / f"train.{lang}", tmp_path / f"validation.{lang}")
     workdir = str(tmp_path / "run")
-    tokenizer = pipeline.get_tokenizer(config, workdir, 400)
-    good = np.array(pipeline.encoded_split(config, "train", tokenizer, workdir).tgt)
-    path = pipeline.prepared_path(config, "train", tokenizer, workdir)
-    with open(os.path.join(path, "tgt.npy"), "r+b") as f:
-        f.truncate(100)
-    again = pipeline.encoded_split(config, "train", tokenizer, workdir)
-    assert "unreadable" in capsys.readouterr().out
-    np.testing.assert_array_equal(again.tgt, good)
+    tokenizer = preparation.get_tokenizer(config, workdir, 400)
+    preparation.prepare_data(config, workdir, tokenizer, ["train", "validation"])
+    good = np.array(pipeline.encoded_split(config, "train", tokenizer, workdir).src)
+    train, dev = (
+        preparation.prepared_path(config, s, tokenizer, workdir) for s in ("train", "validation")
+    )
+    kept = {p: os.stat(p).st_mtime_ns for p in (f"{workdir}/tokenizer.model", f"{dev}/src.npy")}
+    flip_a_byte(f"{train}/src.npy")  # one token id changed, the sizes kept
+    with pytest.raises(prepared.DamagedSplit) as e:
+        pipeline.encoded_split(config, "train", tokenizer, workdir)
+    assert str(e.value) == (
+        f"prepared data damaged: {train}/src.npy (CRC-32 {prepared._crc32(f'{train}/src.npy')} "
+        f"where {prepared._read_info(train)['files']['src.npy']['crc32']} was written); "
+        f"rebuild it with: transformer-jax prepare --workdir {workdir} and this run's --config and "
+        "overrides"
+    )
+    with open(f"{train}/tgt_offsets.npy", "r+b") as f:
+        f.truncate(1)
+    with pytest.raises(prepared.DamagedSplit, match=r"tgt_offsets\.npy \(1 bytes where \d+ were"):
+        preparation.prepare_data(config, workdir, tokenizer, ["train"])  # as train.py does
+    capsys.readouterr()
+    preparation.prepare_data(config, workdir, tokenizer, ["train", "validation"], rebuild=True)
+    (line,) = [x for x in capsys.readouterr().err.splitlines() if x.startswith("warning")]
+    assert line.startswith(f"warning: prepared data damaged: {train}/tgt_offsets.npy (1 bytes")
+    np.testing.assert_array_equal(
+        pipeline.encoded_split(config, "train", tokenizer, workdir).src, good
+    )
+    assert kept == {p: os.stat(p).st_mtime_ns for p in kept}  # the tokenizer and dev untouched
+
+
+def test_a_split_prepared_without_checksums_opens_and_records_them(tmp_path, capsys):
+    config = data_config(source="text", text_dir=write_corpus(tmp_path, n=300))
+    workdir = str(tmp_path / "run")
+    tokenizer = preparation.get_tokenizer(config, workdir, 300)
+    path = preparation.prepare_split(config, "train", tokenizer, workdir)
+    info = prepared._read_info(path)
+    old = {k: v for k, v in info.items() if k != "files"}  # info.json as written before
+    with open(f"{path}/{prepared.INFO_FILE}", "w") as f:
+        json.dump(old, f)
+    prepared._verified.clear()
+    capsys.readouterr()
+    encoded, opened = prepared.open_split(path)
+    assert opened == info and prepared._read_info(path) == info
+    assert len(encoded) == info["pairs"] > 0
+    assert capsys.readouterr().err == (
+        f"note: {path} was prepared without checksums: they are recorded now from its files\n"
+    )
+    flip_a_byte(f"{path}/tgt.npy")
+    with pytest.raises(prepared.DamagedSplit, match="tgt.npy"):
+        prepared.open_split(path)
+    with open(f"{path}/{prepared.INFO_FILE}", "w") as f:
+        f.write('{"pairs": 3, "files": 1}')
+    with pytest.raises(prepared.DamagedSplit, match=r"info\.json \(its checksums are unreadable"):
+        prepared.open_split(path)
 
 
 def test_gzip_text_counts_what_it_skips_and_replaces(tmp_path):
@@ -211,14 +286,14 @@ def test_tfds_array_record_is_read_in_batches(tmp_path, monkeypatch):
         (f"the sentence {i}", f"der Satz {i}") for i in range(2500) if i != 7
     )
     workdir, batched[:] = str(tmp_path / "run"), []
-    tokenizer = pipeline.get_tokenizer(config, workdir, 300)
+    tokenizer = preparation.get_tokenizer(config, workdir, 300)
     assert batched == [1024, 1024, 452]  # read once: the tokenizer's pass is kept for encoding
     encoded = pipeline.encoded_split(config, "train", tokenizer, workdir)
     assert batched == [1024, 1024, 452] and encoded.read_counts["skipped_empty"] == 1
     assert os.listdir(os.path.join(workdir, "data_cache")) == [
-        os.path.basename(pipeline.prepared_path(config, "train", tokenizer, workdir))
+        os.path.basename(preparation.prepared_path(config, "train", tokenizer, workdir))
     ]  # the spool is removed once the split is prepared
-    in_memory = pipeline.encode_pairs(tokenizer, pairs)
+    in_memory = preparation.encode_pairs(tokenizer, pairs)
     for name in ("src", "src_offsets", "tgt", "tgt_offsets"):
         np.testing.assert_array_equal(getattr(encoded, name), getattr(in_memory, name))
 
@@ -252,7 +327,7 @@ def test_the_prepare_command(tmp_path):
 SHARE = textwrap.dedent(
     """
     import json, sys
-    from transformer_jax.data import pipeline
+    from transformer_jax.data import pipeline, preparation
     from transformer_jax.training import distributed
     from transformer_jax.training.schema import default_config
 
@@ -261,10 +336,10 @@ SHARE = textwrap.dedent(
                                   num_processes=2, process_id=index)
     config = default_config().data
     config.update(source="text", text_dir=text_dir, tokens_per_batch=512, max_len=64)
-    tokenizer = pipeline.load_tokenizer(f"{workdir}/tokenizer.model")
+    tokenizer = preparation.load_tokenizer(f"{workdir}/tokenizer.model")
 
     def prepare():
-        pipeline.prepare_data(config, workdir, tokenizer, ["train"])
+        preparation.prepare_data(config, workdir, tokenizer, ["train"])
         return b""
 
     distributed.from_process_zero(prepare)
@@ -279,7 +354,7 @@ SHARE = textwrap.dedent(
 def test_two_processes_read_disjoint_shares_of_one_prepared_split(tmp_path):
     config = data_config(source="text", text_dir=write_corpus(tmp_path))
     workdir = str(tmp_path / "run")
-    tokenizer = pipeline.get_tokenizer(config, workdir, 400)  # before: only the data is shared
+    tokenizer = preparation.get_tokenizer(config, workdir, 400)  # before: only the data is shared
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -321,9 +396,9 @@ def test_data_dir_must_be_a_directory(tmp_path):
 def test_bpe_dropout_reads_the_sources_mapped_from_the_prepared_split(tmp_path):
     config = data_config(source="text", text_dir=write_corpus(tmp_path))
     workdir = str(tmp_path / "run")
-    tokenizer = pipeline.get_tokenizer(config, workdir, 400)
+    tokenizer = preparation.get_tokenizer(config, workdir, 400)
     pipeline.train_iterator(config, workdir, tokenizer, num_shards=2)
-    path = pipeline.prepared_path(config, "train", tokenizer, workdir)
+    path = preparation.prepared_path(config, "train", tokenizer, workdir)
     assert prepared.open_sources(path) is None  # without dropout the split is as before
     config.bpe_dropout = 0.1
     iterator = pipeline.train_iterator(config, workdir, tokenizer, num_shards=2)

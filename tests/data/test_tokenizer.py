@@ -3,6 +3,7 @@
 import collections
 import os
 
+import numpy as np
 import pytest
 
 from transformer_jax.data import tokenizer as tk
@@ -75,11 +76,16 @@ def test_save_load_and_determinism(tokenizer, tmp_path):
     assert loaded.vocab_size == tokenizer.vocab_size == 600
 
 
-def test_sampling_is_bounded_and_deterministic():
-    sample = tk.sample_sentences((str(i) for i in range(1000)), 10, seed=3)
-    assert len(sample) == 10 and len(set(sample)) == 10
-    assert sample == tk.sample_sentences((str(i) for i in range(1000)), 10, seed=3)
-    assert tk.sample_sentences(["a", "b"], 10) == ["a", "b"]
+def test_sampling_is_bounded_uniform_and_deterministic():
+    sample = tk.sample_indices(1000, 10, seed=3)
+    assert len(sample) == 10 and len(set(sample.tolist())) == 10
+    assert (np.diff(sample) > 0).all() and 0 <= sample[0] and sample[-1] < 1000
+    np.testing.assert_array_equal(sample, tk.sample_indices(1000, 10, seed=3))
+    assert not np.array_equal(sample, tk.sample_indices(1000, 10, seed=4))
+    np.testing.assert_array_equal(tk.sample_indices(2, 10), [0, 1])  # all, in order
+    picks = np.concatenate([tk.sample_indices(100, 10, seed) for seed in range(2000)])
+    counts = np.bincount(picks, minlength=100)  # each index about 200 times
+    assert counts.min() > 140 and counts.max() < 260
 
 
 def test_errors(tmp_path):

@@ -89,11 +89,9 @@ def test_make_batch_refuses_ids_outside_the_vocabulary():
 
 
 def test_a_prepared_split_with_ids_outside_the_tokenizer_is_refused(tmp_path):
-    def encode(chunk):
-        return EncodedPairs.from_lists([[4, 5]] * len(chunk), [[6, 9]] * len(chunk))
-
+    encoded = EncodedPairs.from_lists([[4, 5]] * 3, [[6, 9]] * 3)
     path = str(tmp_path / "train-split")
-    write_split(path, [("a b", "c d")] * 3, ReadCounts(), encode, 16, chunk_pairs=2)
+    write_split(path, lambda done: [encoded][done:], ReadCounts(), 16)
     _, info = open_split(path)
     assert info["max_id"] == 9
     check_vocabulary(path, info, 10)

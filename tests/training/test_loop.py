@@ -17,7 +17,7 @@ import pytest
 from conftest import ROOT as REPO_ROOT
 
 from transformer_jax.cli.translate import main as translate_main
-from transformer_jax.data import pipeline, sources
+from transformer_jax.data import pipeline, preparation, sources
 from transformer_jax.inference.runs import load
 from transformer_jax.kernels import vectors
 from transformer_jax.training import checkpoints, loop
@@ -61,7 +61,7 @@ def prepared(tmp_path_factory):
     """A workdir holding the micro run's tokenizer and encoded splits, copied into others."""
     tmp = tmp_path_factory.mktemp("prepared")
     config, _ = micro_config(tmp)
-    tokenizer = pipeline.get_tokenizer(config.data, str(tmp), config.model.vocab_size)
+    tokenizer = preparation.get_tokenizer(config.data, str(tmp), config.model.vocab_size)
     for split in ("train", "validation", "test"):
         pipeline.encoded_split(config.data, split, tokenizer, str(tmp))
     return tmp
@@ -178,7 +178,7 @@ def test_a_target_vocabulary_of_the_first_pieces_trains_and_translates(tmp_path,
     config.decode.beam_size = 1
     workdir = str(tmp_path / "run")
     assert train_and_evaluate(config, workdir)["complete"]
-    tokenizer = pipeline.get_tokenizer(config.data, workdir, 300, 150)
+    tokenizer = preparation.get_tokenizer(config.data, workdir, 300, 150)
     encoded = pipeline.encoded_split(config.data, "train", tokenizer, workdir)
     assert encoded.tgt.max() < 150 <= encoded.src.max()
     _, _, params, loaded = load(workdir, "latest")  # what translate and evaluate read

@@ -14,11 +14,11 @@ import hashlib
 import io
 import itertools
 import os
-import random
 import uuid
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 
+import numpy as np
 import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2
 
@@ -55,11 +55,11 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self._sp.get_piece_size()
 
-    def encode_targets(self, texts: Sequence[str]) -> list[list[int]]:
+    def encode_targets(self, texts: Sequence[str], num_threads: int = -1) -> list[list[int]]:
         """Token ids of target ``texts`` from the first ``target_vocab_size`` pieces only: a
         word that needs a later piece is split into smaller ones, and a character no first
         piece spells (its byte pieces come later) becomes UNK."""
-        ids = self._target_sp.encode(list(texts), num_threads=-1)
+        ids = self._target_sp.encode(list(texts), num_threads=num_threads)
         if self.target_vocab_size is None:
             return ids
         limit = self.target_vocab_size
@@ -149,18 +149,13 @@ def order_by_frequency(model_proto: bytes, words: Mapping[str, int]) -> bytes:
     return model.SerializeToString()
 
 
-def sample_sentences(sentences: Iterable[str], max_sentences: int, seed: int = 0) -> list[str]:
-    """A uniform sample of at most ``max_sentences`` (reservoir sampling, deterministic)."""
-    rng = random.Random(seed)
-    sample: list[str] = []
-    for n, sentence in enumerate(sentences):
-        if n < max_sentences:
-            sample.append(sentence)
-        else:
-            j = rng.randrange(n + 1)
-            if j < max_sentences:
-                sample[j] = sentence
-    return sample
+def sample_indices(count: int, max_sentences: int, seed: int = 0) -> np.ndarray:
+    """Ascending indices of a uniform sample of at most ``max_sentences`` of ``count``
+    sentences, without replacement (all of them if they are no more): drawn at once from a
+    generator seeded with ``seed``, so the sample is a function of the three numbers."""
+    if count <= max_sentences:
+        return np.arange(count)
+    return np.sort(np.random.default_rng(seed).choice(count, max_sentences, replace=False))
 
 
 def train_tokenizer(
@@ -168,16 +163,14 @@ def train_tokenizer(
     path: str,
     vocab_size: int,
     *,
-    max_sentences: int | None = None,
-    seed: int = 0,
     target_words: Mapping[str, int] | None = None,
     target_vocab_size: int | None = None,
 ) -> Tokenizer:
     """Train a BPE model on ``sentences`` (both languages), save it to ``path``.
 
     ``vocab_size`` is an upper bound: a corpus too small for it gives a smaller vocabulary
-    (``Tokenizer.vocab_size``) instead of failing. At most ``max_sentences`` sentences
-    (a deterministic sample) are used. Training is quiet and deterministic. With
+    (``Tokenizer.vocab_size``) instead of failing (a large corpus is sampled first:
+    :func:`sample_indices`). Training is quiet and deterministic. With
     ``target_words`` (the target side's word counts, complete once ``sentences`` is read)
     the pieces are numbered by their frequency there (:func:`order_by_frequency`); the
     tokenizer returned limits them to ``target_vocab_size``. ``sentences`` is read once.
@@ -187,10 +180,7 @@ def train_tokenizer(
             f"model.vocab_size must be an integer >= {MIN_VOCAB_SIZE} (4 special ids + 256 "
             f"byte-fallback pieces), got {vocab_size!r}"
         )
-    stripped = (s.strip() for s in sentences)  # streamed: at most max_sentences are held
-    if max_sentences is not None:
-        stripped = sample_sentences(stripped, max_sentences, seed)
-    texts = [t for t in stripped if t]
+    texts = [t for t in (s.strip() for s in sentences) if t]
     if not texts:
         raise ValueError("cannot train a tokenizer: no non-empty training sentences")
     model = io.BytesIO()

@@ -58,6 +58,9 @@ class DataConfig:
     tokenizer_train_sentences: int = setting(
         2_000_000, "sentences the BPE tokenizer is trained on", integer(1)
     )
+    prepare_workers: int = setting(
+        0, "processes that encode the splits (0: one per core)", integer(0), resumable=True
+    )
     max_len: int = setting(256, "longer pairs (in tokens) are dropped and counted", integer(1))
     tokens_per_batch: int = setting(
         25000, "source (and as many target) tokens per step over all devices (§5.1)", integer(1)

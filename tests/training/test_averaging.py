@@ -1,4 +1,4 @@
-"""The library functions behind the prepare and average commands, without the CLI."""
+"""The library function behind the average command, without the CLI."""
 
 import os
 
@@ -8,29 +8,10 @@ import numpy as np
 import pytest
 
 from transformer_jax import Transformer
-from transformer_jax.configs.tiny import get_config as tiny_config
 from transformer_jax.model.config import from_config_dict
 from transformer_jax.training.averaging import average_checkpoints, average_params
 from transformer_jax.training.checkpoints import CHECKPOINT_DIR, load_run, save_params
-from transformer_jax.training.preparation import prepare_run_data
 from transformer_jax.training.schema import default_config
-
-
-def test_prepare_run_data_writes_the_tokenizer_and_each_split(tmp_path):
-    config = tiny_config()
-    config.train.final_test = False
-    paths = prepare_run_data(config, str(tmp_path / "run"))
-    assert os.path.isfile(tmp_path / "run" / "tokenizer.model")
-    assert [os.path.basename(p).split("-")[0] for p in paths] == ["train", "validation"]
-    assert all(os.path.isdir(p) for p in paths)
-
-
-def test_prepare_run_data_refuses_a_bad_config_before_writing(tmp_path):
-    config = tiny_config()
-    config.model.num_heads = 7
-    with pytest.raises(ValueError, match="num_heads=7"):
-        prepare_run_data(config, str(tmp_path / "run"))
-    assert not (tmp_path / "run").exists()
 
 
 def test_average_checkpoints_saves_the_mean_of_the_last_ones(tmp_path):
