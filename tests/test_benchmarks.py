@@ -685,6 +685,13 @@ def test_gpu_check_smoke_runs_each_row_as_train_py_on_eight_devices(tmp_path):
     assert row["row"] == "base" and "data.tokens_per_batch=1" in row["error"]
 
 
+def test_translate_devices_smoke():
+    """One device against all local ones (here as many: the backend has started)."""
+    payload = _script("translate_devices").main(["--smoke"])
+    assert [r["setting"] for r in payload["rows"]][0] == "1 device"
+    assert payload["same_translations"] and all(r["sentences_per_s"] > 0 for r in payload["rows"])
+
+
 @pytest.mark.skipif(programs.plugin_available(), reason="checks the refusal without CUDA jax")
 def test_gpu_check_off_a_gpu_is_one_line_naming_the_cuda_extra():
     with pytest.raises(SystemExit, match=r"^error: no CUDA jax .*pip install -e '\.\[cuda\]'$"):
