@@ -11,10 +11,11 @@ step (median of ``--steps`` after two warm-up steps), tokens/s (source + target)
 figure for the same config and topology (``python -m transformer_jax.plan --json``, run here
 with ``JAX_PLATFORMS=cpu`` while the row runs, or ``--plan ROW=PATH``), and beam search on
 every GPU. A row that fails prints one line and the next one runs; each row is printed, and
-the JSON rewritten, as it finishes. The compiled programs go to the compilation cache, so a
-``train.py`` of the same config and GPUs then starts without compiling.
+the JSON rewritten, as it finishes. The rows keep their compiled programs in the compilation
+cache (``transformer_jax.compilation_cache``).
 
     python benchmarks/gpu_check.py [--rows base,big] [--json results/gpu_check.json]
+    python benchmarks/gpu_check.py --rows base-fast,big-fast --tokens-per-batch 200000
     python benchmarks/gpu_check.py --smoke   # base- and big-shaped rows on 8 CPU devices
 """
 
@@ -54,6 +55,8 @@ def row_spec(name: str, args: argparse.Namespace) -> dict[str, Any]:
     """What the row process runs: the packaged config and its ``section.field`` overrides."""
     config, overrides = ROWS[name]
     overrides = dict(overrides)
+    if args.tokens_per_batch:
+        overrides["data.tokens_per_batch"] = args.tokens_per_batch
     if args.smoke:
         overrides.pop("model.attention_impl", None)
         sizes = SMOKE_MODEL | SMOKE_SIZES[config]
@@ -80,10 +83,10 @@ def environment(smoke: bool, **extra: str) -> dict[str, str]:
 
 def last_line(text: str) -> str:
     """The error a failed process ended with: its last ``SomeError: ...`` line, else its last
-    line."""
+    line ('' if none)."""
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     errors = [line for line in lines if re.match(r"[\w.]+(Error|Exception|Exit)\b", line)]
-    return (errors or lines or ["no output"])[-1]
+    return (errors or lines or [""])[-1]
 
 
 def check_gpus(smoke: bool) -> dict[str, Any]:
@@ -126,7 +129,8 @@ def plan_memory(plan: Any, path: str) -> dict[str, Any]:
     if plan is not None:
         _, err = plan.communicate()
         if plan.returncode:
-            return {"plan_memory_gib": NAN, "plan_error": last_line(err)}
+            error = last_line(err) or f"exit status {plan.returncode}"
+            return {"plan_memory_gib": NAN, "plan_error": error}
     with open(path) as f:
         train = json.load(f)["train"]
     return {"plan_memory_gib": train["total_bytes"] / 2**30}
@@ -143,14 +147,23 @@ def run_row(spec: dict[str, Any], info: dict[str, Any], args: argparse.Namespace
             plan = start_plan(spec, gpu, info["devices"], args.smoke, path)
         argv = [sys.executable, ROW_SCRIPT, json.dumps(spec)]
         env = environment(args.smoke)
-        proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=args.timeout)
+        try:
+            proc = subprocess.run(
+                argv, env=env, capture_output=True, text=True, timeout=args.timeout
+            )
+        except subprocess.TimeoutExpired:
+            proc = subprocess.CompletedProcess(argv, 124, "", f"timed out after {args.timeout} s")
         found = [x for x in proc.stdout.splitlines() if x.startswith("ROW ")]
         if proc.returncode or not found:
             if plan is not None:
                 plan.kill()
-            return {"row": spec["row"], "error": last_line(proc.stderr)}
+                plan.wait()
+            error = last_line(proc.stderr) or f"exit status {proc.returncode}"
+            return {"row": spec["row"], "error": error}
         row = {"row": spec["row"]} | json.loads(found[-1].removeprefix("ROW "))
-        return row | (plan_memory(plan, path) if path else {})
+        if path:
+            return row | plan_memory(plan, path)
+        return row | {"plan_error": "no plan" if args.no_plan else "no plan for this GPU"}
 
 
 def _known(value: float, spec: str) -> str:
@@ -178,6 +191,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", default=",".join(ROWS), help=f"of {', '.join(ROWS)}")
     parser.add_argument("--steps", type=int, default=10, help="timed train steps")
+    parser.add_argument(
+        "--tokens-per-batch", type=int, help="data.tokens_per_batch (default: the config's)"
+    )
     parser.add_argument("--decode-batch", type=int, default=64, help="sentences per device")
     parser.add_argument("--json", help="write the results here (after each row)")
     parser.add_argument(

@@ -58,10 +58,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     lines = [source for source, _ in synthetic_pairs("train")[: args.sentences]]
     with tempfile.TemporaryDirectory() as folder:
         tokenizer = train_tokenizer(lines, os.path.join(folder, "tokenizer.model"), 300)
-    sizes = {"vocab_size": 300} if args.smoke else SETTINGS["small"].model | {"vocab_size": 300}
+    sizes = SETTINGS["small"].model | {"vocab_size": 300}
     if args.smoke:
         sizes |= {"d_model": 16, "num_heads": 2, "d_ff": 32}
-    config = TransformerConfig(**sizes, num_encoder_layers=2, num_decoder_layers=2)
+        sizes |= {"num_encoder_layers": 1, "num_decoder_layers": 1}
+    config = TransformerConfig(**sizes)
     ids = jax.numpy.ones((1, 8), jax.numpy.int32)
     params = jax.jit(Transformer(config).init)(jax.random.key(0), ids, ids)["params"]
     embedding = params["shared_embed"]["embedding"]
