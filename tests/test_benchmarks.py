@@ -12,12 +12,15 @@ import json
 import os
 import subprocess
 import sys
+import tomllib
 
 import jax
 import numpy as np
 import pytest
 from conftest import ROOT
 
+from transformer_jax.aot import programs
+from transformer_jax.aot.gpus import device_gpu
 from transformer_jax.data import prepared
 
 BENCHMARKS = os.path.join(str(ROOT), "benchmarks")
@@ -649,15 +652,75 @@ def test_the_benchmarks_readme_shows_each_current_table_within_200_lines():
     assert not missing, "python benchmarks/tables.py --current prints them"
 
 
-@pytest.mark.slow  # two programs and a beam search compiled
-def test_gpu_check_smoke(tmp_path):
+@pytest.mark.slow  # two row processes on 8 simulated devices (about 90 CPU-s)
+def test_gpu_check_smoke_runs_each_row_as_train_py_on_eight_devices(tmp_path):
+    """pmap (base) and mesh (big, bfloat16) rows, each in its own process: timed, their
+    collectives, beam search on all devices; a plan read from a file, and a plan that cannot
+    be made here (no CUDA plugin) stated in one line. A row that fails is one line."""
     out = tmp_path / "gpu.json"
-    payload = _script("gpu_check").main(["--smoke", "--json", str(out)])
-    (train,) = payload["train"]
-    (decode,) = payload["decode"]
-    assert train["config"] == "tiny" and train["tokens_per_s"] > 0 and train["plan_memory_gib"] > 0
-    assert decode["sentences_per_s"] > 0
-    assert json.loads(out.read_text())["device"] == payload["device"]
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"train": {"total_bytes": 3 * 2**29}}))
+    argv = ["--smoke", "--rows", "base,big-fast", "--json", str(out)]
+    payload = _script("gpu_check").main([*argv, "--plan", f"big-fast={plan}"])
+    base, big = payload["rows"]
+    assert (base["parallel"], base["dtype"], big["parallel"], big["dtype"]) == (
+        "pmap", "float32", "mesh", "bfloat16",
+    )  # fmt: skip
+    for row in (base, big):
+        assert row["devices"] == 8 and row["tokens_per_s"] > 0 and row["sentences_per_s"] > 0
+        assert row["decode_batch"].startswith("8 x ")  # a batch on each device
+    assert set(base["collectives"]) == {"all-reduce"}
+    assert set(big["collectives"]) == {"all-gather", "reduce-scatter"}
+    assert big["plan_memory_gib"] == 1.5
+    if not programs.plugin_available():
+        assert "CUDA plugin" in base["plan_error"] and "\n" not in base["plan_error"]
+    assert [r["step_ms"] for r in json.loads(out.read_text())["rows"]] == [
+        base["step_ms"], big["step_ms"],
+    ]  # fmt: skip
+
+    failing = _script("gpu_check").row_spec("base", _script("gpu_check").parse(argv))
+    failing["overrides"]["data.tokens_per_batch"] = 1  # fewer tokens than one sequence
+    row = _script("gpu_check").run_row(failing, payload["device"], _script("gpu_check").parse(
+        [*argv, "--no-plan"]))  # fmt: skip
+    assert row["row"] == "base" and "data.tokens_per_batch=1" in row["error"]
+
+
+def test_translate_devices_smoke():
+    """One device against all local ones (here as many: the backend has started)."""
+    payload = _script("translate_devices").main(["--smoke"])
+    assert [r["setting"] for r in payload["rows"]][0] == "1 device"
+    assert payload["same_translations"] and all(r["sentences_per_s"] > 0 for r in payload["rows"])
+
+
+@pytest.mark.skipif(programs.plugin_available(), reason="checks the refusal without CUDA jax")
+def test_gpu_check_off_a_gpu_is_one_line_naming_the_cuda_extra():
+    with pytest.raises(SystemExit, match=r"^error: no CUDA jax .*pip install -e '\.\[cuda\]'$"):
+        _script("gpu_check").main(["--rows", "base"])
+
+
+def test_gpu_check_names_each_gpu_variant_by_its_device_kind():
+    kinds = {
+        "NVIDIA H100 80GB HBM3": ("H100 SXM", 989.4e12, "h100"),
+        "NVIDIA H100 PCIe": ("H100 PCIe", 756e12, "h100"),
+        "NVIDIA H100 NVL": ("H100 NVL", 835e12, "h100"),
+        "NVIDIA GH200 480GB": ("GH200", 989.4e12, "h100"),
+        "NVIDIA H200": ("H200 SXM", 989.4e12, "h200"),
+        "NVIDIA H200 NVL": ("H200 NVL", 835e12, "h200"),
+        "NVIDIA A100-SXM4-40GB": ("A100", 312e12, "a100"),
+        "NVIDIA A100 80GB PCIe": ("A100", 312e12, "a100"),
+    }
+    for kind, (name, bf16, plan_gpu) in kinds.items():
+        gpu = device_gpu(kind)
+        assert (gpu.name, gpu.peak_flops("bfloat16"), gpu.plan_gpu) == (name, bf16, plan_gpu)
+        assert gpu.peak_flops("bfloat16") == 2 * gpu.peak_flops("tf32") > gpu.peak_flops("float32")
+    assert device_gpu("Tesla V100-SXM2-16GB") is None and device_gpu("cpu") is None
+
+
+def test_the_cuda_extra_pins_the_jax_the_figures_were_made_with():
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        extras = tomllib.load(f)["project"]["optional-dependencies"]
+    (pin,) = [p for p in extras["gpu-aot"] if p.startswith("jax==")]
+    assert extras["cuda"] == [f"jax[cuda12]=={pin.removeprefix('jax==')}"]
 
 
 @pytest.mark.slow  # four stage processes, each importing JAX (~45 s)

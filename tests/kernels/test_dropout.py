@@ -1,17 +1,23 @@
-"""Dropout (§5.4): the fused threefry bits equal JAX's, rate, scaling, determinism, masks differ."""
+"""Dropout (§5.4): the fused threefry bits equal JAX's, rate, scaling, determinism, masks differ;
+the backward pass keeps the mask as bits and gives the plain formula's gradients."""
 
 import flax.errors
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import TINY_CONFIG
 
+from transformer_jax import Transformer
+from transformer_jax.kernels import dropout as dropout_module
 from transformer_jax.kernels.dropout import (
     dropout,
     fused_dropout,
     keep_mask,
+    pack_mask,
     random_bits,
     threefry2x32,
+    unpack_mask,
 )
 from transformer_jax.model.layers import Dropout
 
@@ -90,3 +96,51 @@ def test_module_is_identity_when_deterministic_and_zero_rate():
     with pytest.raises(flax.errors.InvalidRngError):
         layer.apply({}, x, deterministic=False)
     assert (dropout(x, 1.0, jax.random.PRNGKey(0)) == 0).all()
+
+
+@pytest.mark.parametrize("shape", [(), (1,), (5,), (3, 8), (2, 3, 13), (4, 1)])
+def test_packed_masks_unpack_to_the_mask(shape):
+    mask = jax.random.bernoulli(jax.random.PRNGKey(len(shape)), 0.5, shape)
+    packed = pack_mask(mask)
+    assert packed.dtype == jnp.uint8 and packed.shape[:-1] == mask.shape[:-1]
+    assert packed.shape[-1] == -(-(mask.shape[-1] if shape else 1) // 8)
+    np.testing.assert_array_equal(unpack_mask(packed, shape), mask)
+
+
+@pytest.mark.parametrize("drop", [dropout, fused_dropout])
+def test_backward_pass_keeps_one_bit_per_element(drop):
+    """The residuals between the passes: the mask packed, not booleans or 32-bit words."""
+    x = jax.random.normal(jax.random.PRNGKey(0), (6, 64))
+    _, backward = jax.vjp(lambda x: drop(x, 0.1, jax.random.PRNGKey(1)), x)
+    kept = sum(leaf.nbytes for leaf in jax.tree.leaves(backward))
+    assert kept <= x.size // 8 + 64
+
+
+def paper_dropout(rate, bits, x, rng):
+    """Dropout as the plain formula, differentiated by JAX (its residual: the boolean mask)."""
+    mask, keep = keep_mask(rng, rate, x.shape, bits)
+    return jnp.where(mask, x / jnp.asarray(keep, x.dtype), jnp.zeros((), x.dtype))
+
+
+@pytest.mark.parametrize("kernels,dtype", [("xla", jnp.float32), ("cpu", jnp.bfloat16)])
+def test_model_loss_and_gradients_equal_the_plain_formulas(kernels, dtype, monkeypatch):
+    cfg = TINY_CONFIG.replace(kernels=kernels, dtype=dtype, dropout_rate=0.3)
+    cfg = cfg.replace(word_dropout_rate=0.1, num_encoder_layers=1, num_decoder_layers=1)
+    src = jax.random.randint(jax.random.PRNGKey(0), (3, 7), 4, 16)
+    tgt = jax.random.randint(jax.random.PRNGKey(1), (3, 6), 4, 16)
+    model = Transformer(cfg)
+    params = jax.jit(model.init)(jax.random.PRNGKey(2), src, tgt)["params"]
+
+    def loss_and_grads(params):
+        def loss(p):
+            rngs = {"dropout": jax.random.PRNGKey(3)}
+            logits = model.apply({"params": p}, src, tgt, deterministic=False, rngs=rngs)
+            return jnp.sum(jnp.sin(logits))
+
+        return jax.value_and_grad(loss)(params)
+
+    ours = jax.jit(loss_and_grads)(params)
+    monkeypatch.setattr(dropout_module, "_dropout", paper_dropout)
+    plain = jax.jit(loss_and_grads)(params)
+    np.testing.assert_array_equal(ours[0], plain[0])
+    jax.tree.map(np.testing.assert_array_equal, ours[1], plain[1])

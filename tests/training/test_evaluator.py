@@ -1,5 +1,6 @@
-"""Evaluation decodes data-parallel: over 4 simulated CPU devices (pmap and shard_map
-parameters, in a subprocess) and over processes, it gives exactly the translations of
+"""Translation (translate, evaluate and training's evaluation) decodes data-parallel: over 4
+simulated CPU devices (every local device by default, or the copies of pmap and shard_map
+parameters; in a subprocess) and over processes, it gives exactly the translations of
 ``translate_lines`` on one device, in order."""
 
 import json
@@ -9,15 +10,14 @@ import sys
 import textwrap
 
 import jax
-import ml_collections
 import numpy as np
 import pytest
 from conftest import ROOT, TINY_CONFIG
 
 from transformer_jax.data.tokenizer import train_tokenizer
+from transformer_jax.inference import translation
 from transformer_jax.inference.translation import translate_lines
 from transformer_jax.model.transformer import Transformer
-from transformer_jax.training import evaluator
 
 SENTENCES = [
     "A dog runs across the green field.",
@@ -30,22 +30,20 @@ SENTENCES = [
 # 23 lines of one or two words and an empty one: six batches of 4 rows (of one shape), the
 # last one with 3 lines
 LINES = [" ".join(SENTENCES[i % 6].split()[: 1 + i % 2]) for i in range(23)] + [""]
-DECODE = ml_collections.ConfigDict({"beam_size": 3, "alpha": 0.6, "max_extra_len": 6})
 
 SCRIPT = textwrap.dedent(
     """
     import json, sys
-    import jax, ml_collections
+    import jax
     from transformer_jax.data.tokenizer import load_tokenizer
-    from transformer_jax.inference.translation import translate_lines
+    from transformer_jax.inference import translation
     from transformer_jax.model.config import TransformerConfig
     from transformer_jax.model.transformer import Transformer
-    from transformer_jax.training import evaluator, parallel
+    from transformer_jax.training import parallel
 
     assert jax.device_count() == 4
     tokenizer = load_tokenizer(sys.argv[1])
     lines = json.loads(sys.argv[2])
-    decode = ml_collections.ConfigDict(json.loads(sys.argv[3]))
     config = TransformerConfig(vocab_size=tokenizer.vocab_size, d_model=16, num_heads=2,
                                d_ff=32, num_encoder_layers=1, num_decoder_layers=1, max_len=24)
     model = Transformer(config)
@@ -53,20 +51,25 @@ SCRIPT = textwrap.dedent(
     params = jax.device_get(jax.jit(model.init)(jax.random.PRNGKey(0), src, src)["params"])
 
     used = set()
-    decode_batch = evaluator.decode_batch
+    decode_batch = translation.decode_batch
     def recording(*args):
         out = decode_batch(*args)
         used.update(str(d) for d in out.devices())
         return out
-    evaluator.decode_batch = recording
+    translation.decode_batch = recording
 
-    out = {"one": translate_lines(config, params, tokenizer, lines, beam_size=3,
-                                  max_extra_len=6, batch_size=4)}
+    options = dict(beam_size=3, alpha=0.6, max_extra_len=6, batch_size=4)
+    out = {"one": translation.translate_lines(config, params, tokenizer, lines,
+                                              devices=jax.local_devices()[:1], **options)}
+    out["one_devices"] = len(used)
+    used.clear()
+    out["all"] = translation.translate_lines(config, params, tokenizer, lines, **options)
+    out["all_devices"] = len(used)
+    used.clear()
     for kind in ("pmap", "shard_map"):
         dp = parallel.DataParallel(kind, model, 0.1)
         copies = dp.local_copies(dp.replicate(params))
-        out[kind] = evaluator.translate_data_parallel(
-            config, copies, tokenizer, lines, decode, batch_size=4)
+        out[kind] = translation.translate_on_devices(config, copies, tokenizer, lines, **options)
         out[kind + "_devices"] = len(used)
         used.clear()
     print("RESULT" + json.dumps(out))
@@ -97,15 +100,16 @@ def test_four_devices_give_the_one_device_translations(tokenizer_path):
         JAX_PLATFORMS="cpu",
     )
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    args = [tokenizer_path, json.dumps(LINES), json.dumps(DECODE.to_dict())]
+    args = [tokenizer_path, json.dumps(LINES)]
     proc = subprocess.run(
         [sys.executable, "-c", SCRIPT, *args], env=env, capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT"))
     out = json.loads(line.removeprefix("RESULT"))
-    assert out["pmap"] == out["one"] and out["shard_map"] == out["one"]
-    assert out["pmap_devices"] == 4 and out["shard_map_devices"] == 4
+    assert out["all"] == out["pmap"] == out["shard_map"] == out["one"]
+    assert out["one_devices"] == 1
+    assert out["all_devices"] == out["pmap_devices"] == out["shard_map_devices"] == 4
     assert out["one"][-1] == "" and len(set(out["one"])) > 2  # not one translation for all
 
 
@@ -117,18 +121,26 @@ def test_each_process_decodes_its_batches_and_the_sum_has_them_all(tokenizer_pat
     expected = translate_lines(
         config, params, tokenizer, LINES, beam_size=1, max_extra_len=6, batch_size=4
     )
-    greedy = ml_collections.ConfigDict({**DECODE, "beam_size": 1})
     shares = []
 
     def alone(values):  # the collective of a process whose peers decoded nothing
         shares.append(np.array(values))
         return lambda: tuple(int(v) for v in values)
 
-    monkeypatch.setattr(evaluator.jax, "process_count", lambda: 2)
-    monkeypatch.setattr(evaluator, "sum_over_processes", alone)
+    monkeypatch.setattr(translation.jax, "process_count", lambda: 2)
+    monkeypatch.setattr(translation, "sum_over_processes", alone)
     for process in (0, 1):
-        monkeypatch.setattr(evaluator.jax, "process_index", lambda p=process: p)
-        evaluator.translate_data_parallel(config, [params], tokenizer, LINES, greedy, 4)
+        monkeypatch.setattr(translation.jax, "process_index", lambda p=process: p)
+        translation.translate_on_devices(
+            config,
+            [params],
+            tokenizer,
+            LINES,
+            beam_size=1,
+            alpha=0.6,
+            max_extra_len=6,
+            batch_size=4,
+        )
     rows = [np.asarray(s).reshape(len(LINES), -1) for s in shares]
     decoded = [rows[p].any(axis=1) for p in (0, 1)]
     assert not (decoded[0] & decoded[1]).any() and decoded[0].sum() and decoded[1].sum()

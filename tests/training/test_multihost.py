@@ -586,12 +586,13 @@ def test_a_killed_process_ends_the_others_with_one_line_in_seconds(tmp_path, kil
 EVAL_TRANSLATIONS = textwrap.dedent(
     """
     import json, sys
-    import jax, ml_collections
+    import jax
     from transformer_jax.data.tokenizer import load_tokenizer
+    from transformer_jax.inference import translation
     from transformer_jax.inference.translation import translate_lines
     from transformer_jax.model.config import TransformerConfig
     from transformer_jax.model.transformer import Transformer
-    from transformer_jax.training import distributed, evaluator
+    from transformer_jax.training import distributed
 
     port, index, path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     assert distributed.initialize(False, coordinator_address=f"127.0.0.1:{port}",
@@ -604,13 +605,15 @@ EVAL_TRANSLATIONS = textwrap.dedent(
     src = jax.numpy.ones((1, 4), jax.numpy.int32)
     params = jax.device_get(jax.jit(model.init)(jax.random.PRNGKey(0), src, src)["params"])
     decoded = []
-    decode_batch = evaluator.decode_batch
-    evaluator.decode_batch = lambda *a: decoded.append(len(a[2])) or decode_batch(*a)
-    decode = ml_collections.ConfigDict({"beam_size": 3, "alpha": 0.6, "max_extra_len": 6})
-    shared = evaluator.translate_data_parallel(config, [params], tokenizer, lines, decode, 4)
+    decode_batch = translation.decode_batch
+    translation.decode_batch = lambda *a: decoded.append(len(a[2])) or decode_batch(*a)
+    shared = translation.translate_on_devices(config, [params], tokenizer, lines, beam_size=3,
+                                              alpha=0.6, max_extra_len=6, batch_size=4)
+    batches = len(decoded)
+    jax.process_count, jax.process_index = (lambda: 1), (lambda: 0)  # this process alone
     alone = translate_lines(config, params, tokenizer, lines, beam_size=3, max_extra_len=6,
                             batch_size=4)
-    print("RESULT " + json.dumps({"shared": shared, "alone": alone, "batches": len(decoded)}))
+    print("RESULT " + json.dumps({"shared": shared, "alone": alone, "batches": batches}))
     """
 )
 

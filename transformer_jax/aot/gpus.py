@@ -4,12 +4,15 @@
 ``stream_executor`` device description), which ``jax.experimental.topologies`` takes to
 compile for that GPU without one. The peaks (dense tensor-core bfloat16 and TF32, CUDA-core
 float32, HBM and NVLink bandwidth) are NVIDIA's data-sheet figures for the SXM parts; a plan divides
-FLOPs and bytes by them for its roofline estimate.
+FLOPs and bytes by them for its roofline estimate. :data:`KINDS` names the peaks of each
+variant (SXM, PCIe, NVL, GH200) by the device kind the driver reports, for measured MFU;
+:func:`software_versions` names the jax and CUDA libraries installed.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 
 MIB = 1 << 20
 
@@ -80,6 +83,64 @@ GPUS = {
         H100, name="NVIDIA H200", memory_bytes=143771 * MIB, memory_bandwidth=4.8e12
     ),
 }
+
+
+@dataclasses.dataclass(frozen=True)
+class Kind:
+    """A GPU variant as a device kind names it (``match``, case-insensitive, the first entry
+    of :data:`KINDS` that the kind contains): its dense peaks and the plan's ``--gpu``."""
+
+    match: str
+    name: str
+    peaks: tuple[float, float, float]  # bfloat16, TF32, float32 FLOP/s
+    plan_gpu: str
+
+    def peak_flops(self, precision: str) -> float:
+        """:meth:`Gpu.peak_flops` of this variant."""
+        return dict(zip(("bfloat16", "tf32", "float32"), self.peaks, strict=True))[precision]
+
+
+def _peaks(gpu: Gpu) -> tuple[float, float, float]:
+    return gpu.peak_bf16, gpu.peak_tf32, gpu.peak_fp32
+
+
+NVL = (835e12, 417.5e12, 60e12)  # H100 NVL and H200 NVL data sheets (dense)
+KINDS = (
+    Kind("H100 PCIe", "H100 PCIe", (756e12, 378e12, 51.2e12), "h100"),
+    Kind("H100 NVL", "H100 NVL", NVL, "h100"),
+    Kind("GH200", "GH200", _peaks(H100), "h100"),
+    Kind("H200 NVL", "H200 NVL", NVL, "h200"),
+    Kind("H200", "H200 SXM", _peaks(GPUS["h200"]), "h200"),
+    Kind("H100", "H100 SXM", _peaks(H100), "h100"),
+    Kind("A100", "A100", _peaks(GPUS["a100"]), "a100"),  # 40 and 80 GB, SXM and PCIe
+)
+
+
+def device_gpu(device_kind: str) -> Kind | None:
+    """The :class:`Kind` of a device's ``device_kind`` (e.g. 'NVIDIA H100 80GB HBM3'), or None."""
+    return next((k for k in KINDS if k.match.lower() in device_kind.lower()), None)
+
+
+SOFTWARE = {  # what the programs were compiled with: name -> pip distribution
+    "jax": "jax",
+    "jaxlib": "jaxlib",
+    "CUDA plugin": "jax-cuda12-plugin",
+    "CUDA": "nvidia-cuda-runtime-cu12",
+    "cuDNN": "nvidia-cudnn-cu12",
+}
+
+
+def software_versions() -> dict[str, str]:
+    """The installed version of each of :data:`SOFTWARE` ('-' where not installed)."""
+    versions = {}
+    for name, distribution in SOFTWARE.items():
+        try:
+            versions[name] = importlib.metadata.version(distribution)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = "-"
+    return versions
+
+
 # Between hosts: one 400 Gb/s InfiniBand NDR adapter per GPU (the DGX/HGX layout), each way.
 NETWORK_BANDWIDTH = 50e9
 
@@ -91,7 +152,10 @@ def get_gpu(name: str) -> Gpu:
     return GPUS[name]
 
 
-def target_config(gpu: Gpu, cudnn_version: tuple[int, int, int] = (9, 10, 0)) -> str:
+CUDNN_VERSION = (9, 10, 0)  # the cuDNN the compiled programs assume
+
+
+def target_config(gpu: Gpu, cudnn_version: tuple[int, int, int] = CUDNN_VERSION) -> str:
     """``gpu``'s GpuTargetConfig text proto; ``cudnn_version``: the cuDNN the compiled
     program assumes."""
     major, minor = gpu.compute_capability

@@ -43,7 +43,13 @@ import ml_collections
 import numpy as np
 
 from transformer_jax.analysis.costs import training_flops
-from transformer_jax.aot.gpus import NETWORK_BANDWIDTH, Gpu, get_gpu
+from transformer_jax.aot.gpus import (
+    CUDNN_VERSION,
+    NETWORK_BANDWIDTH,
+    Gpu,
+    get_gpu,
+    software_versions,
+)
 from transformer_jax.aot.programs import (
     Compiled,
     decode_program,
@@ -177,6 +183,7 @@ def make_plan(
         "products": products_precision(model),
         "attention_impl": model.attention_impl,
         "grad_accum_steps": config.train.grad_accum_steps,
+        "versions": software_versions() | {"cuDNN assumed": ".".join(map(str, CUDNN_VERSION))},
         "train": train,
         "estimate": estimate(gpu, model, first, rows, length, hosts),
     }
@@ -231,6 +238,9 @@ def format_plan(plan: dict[str, Any]) -> str:
         f"  cuDNN attention calls: {hlo['cudnn_attention_calls']}; host transfers: "
         f"{hlo['host_transfers']}; optimization barriers: {hlo['optimization_barriers']}",
     ]
+    if "versions" in plan:
+        versions = ", ".join(f"{name} {v}" for name, v in plan["versions"].items())
+        lines.insert(1, f"compiled with {versions}")
     if "fit" in plan:
         fit = plan["fit"]
         checked = fit["checked_total_bytes"]

@@ -10,6 +10,8 @@ from typing import Any
 
 from absl import flags
 
+from transformer_jax.cli.flags import define_cache_flags
+from transformer_jax.compilation_cache import use_cache_flags
 from transformer_jax.data.sources import read_lines as read_lines_of
 from transformer_jax.data.sources import split_lines
 from transformer_jax.inference.runs import load_models
@@ -44,6 +46,7 @@ def define_decode_flags(values: flags.FlagValues) -> None:
         "max_src_len", None, "Truncate longer sources (tokens).", lower_bound=1, **define
     )
     flags.DEFINE_integer("batch_size", 64, "Sentences per batch.", lower_bound=1, **define)
+    define_cache_flags(values)
 
 
 def decode_options(values: flags.FlagValues, run: Any) -> dict[str, Any]:
@@ -68,6 +71,7 @@ def translate(values: flags.FlagValues, lines: list[str]) -> tuple[Any, dict[str
     run's config, the decoding options used, the translations)``. The library's warnings
     are ``WARNING: message`` lines on stderr."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
+    use_cache_flags(values)
     run_config, config, params, tokenizer = load_models(values.workdir, values.checkpoint)
     options = decode_options(values, run_config)
     return run_config, options, translate_lines(config, params, tokenizer, lines, **options)

@@ -158,6 +158,25 @@ def define_config_flag(values: flags.FlagValues, argv: list[str]) -> None:
     values["config"].parser = _NamedConfigParser(values["config"].parser)
 
 
+def define_cache_flags(values: flags.FlagValues) -> None:
+    """``--[no]compilation_cache`` and ``--compilation_cache_dir``
+    (:mod:`transformer_jax.compilation_cache`)."""
+    define = {"flag_values": values}
+    flags.DEFINE_bool(
+        "compilation_cache",
+        True,
+        "Keep compiled programs on disk, so that the next start of the same run loads them.",
+        **define,
+    )
+    flags.DEFINE_string(
+        "compilation_cache_dir",
+        None,
+        "The compilation cache's folder (default: $JAX_COMPILATION_CACHE_DIR, else "
+        "$XDG_CACHE_HOME/transformer_jax/xla, else ~/.cache/transformer_jax/xla).",
+        **define,
+    )
+
+
 def config_path(values: flags.FlagValues) -> str:
     """The file of ``--config``, without its ``:ARGS``."""
     return config_file(values["config"].config_filename).partition(":")[0]

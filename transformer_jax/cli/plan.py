@@ -24,6 +24,7 @@ from absl import flags
 from transformer_jax.aot.gpus import GPUS
 from transformer_jax.aot.plan import DEFAULT_MEMORY_FRACTION, format_plan, make_plan
 from transformer_jax.cli.flags import Failure, define_config_flag, load_config, no_arguments, run
+from transformer_jax.compilation_cache import use_compilation_cache
 
 
 def define_flags(values: flags.FlagValues, argv: list[str]) -> None:
@@ -48,6 +49,7 @@ def _plan(values: flags.FlagValues, positional: list[str]) -> None:
     folder = os.path.dirname(os.path.abspath(values.json)) if values.json else None
     if folder and not os.path.isdir(folder):  # before minutes of compiling
         raise Failure(f"--json: folder {folder!r} does not exist")
+    use_compilation_cache(enabled=False)  # jax 0.10.2 cannot load a deviceless compile's entry
     plan = make_plan(
         config,
         values.gpu,

@@ -46,9 +46,11 @@ from transformer_jax.cli.flags import (
     EXIT_PREEMPTED,
     Failure,
     config_and_workdir,
+    define_cache_flags,
     define_config_flag,
     run,
 )
+from transformer_jax.compilation_cache import use_cache_flags
 from transformer_jax.kernels import configure_process
 from transformer_jax.preemption import exit_on_sigterm
 from transformer_jax.training import distributed, peers
@@ -62,6 +64,7 @@ _STOPPED = {"SIGTERM": EXIT_PREEMPTED, "SIGINT": EXIT_INTERRUPTED}
 def define_flags(values: flags.FlagValues, argv: list[str]) -> None:
     """The command's flags (a :data:`transformer_jax.cli.flags.Define`)."""
     define_config_flag(values, argv)
+    define_cache_flags(values)
     define = {"flag_values": values}
     flags.DEFINE_string("workdir", None, "Output directory (default runs/<config name>).", **define)
     flags.DEFINE_bool(
@@ -135,6 +138,7 @@ def _train(values: flags.FlagValues, positional: list[str]) -> int:
     multihost = False
     try:
         configure_process(config.model.platform)  # CPU runtime settings; before JAX starts
+        use_cache_flags(values)
         multihost = distributed.initialize(
             values.multihost,
             values.initialization_timeout,

@@ -6,7 +6,8 @@
 
 One source sentence per line in, one translation per line out, in the same order; an
 empty line gives an empty line. Sentences are sorted by length and decoded in batches
-whose shapes come from a few buckets, so each shape compiles once. ``--workdir`` given
+whose shapes come from a few buckets, so each shape compiles once, spread over every local
+device (a copy of the parameters on each). ``--workdir`` given
 more than once translates with the runs as an ensemble (the mean of their next-token
 probabilities; one shared tokenizer).
 """

@@ -1,7 +1,7 @@
 """Translation of lines of text with a trained model (paper §6.1: beam 4, alpha 0.6, input + 50).
 
 Sentences are sorted by length and decoded in batches whose shapes come from a few
-buckets, so each shape compiles once.
+buckets, so each shape compiles once (per device), over every local device and process.
 """
 
 from __future__ import annotations
@@ -11,11 +11,13 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+import jax
 import numpy as np
 
 from transformer_jax.data.tokenizer import EOS_ID, PAD_ID, Tokenizer
 from transformer_jax.inference.decoding import beam_search, greedy_search
 from transformer_jax.model.config import TransformerConfig
+from transformer_jax.training.distributed import sum_over_processes
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +44,10 @@ def translate_lines(
     max_extra_len: int = 50,
     max_src_len: int | None = None,
     batch_size: int = 64,
+    devices: Sequence[jax.Device] | None = None,
 ) -> list[str]:
-    """Translations of ``lines`` (one sentence each), in order.
+    """Translations of ``lines`` (one sentence each), in order, decoded over ``devices``
+    (default: every local device), a copy of ``params`` on each (:func:`translate_on_devices`).
 
     ``config, params``: one model, or an ensemble (a list of parameter trees, with one config
     or a list of them; :mod:`transformer_jax.inference.decoding`). ``beam_size=1`` is greedy
@@ -51,15 +55,58 @@ def translate_lines(
     ``config.max_len``) are truncated, with a warning. Each sentence may produce up to its
     length + ``max_extra_len`` tokens (capped by ``config.max_len``).
     """
+    devices = jax.local_devices() if devices is None else devices
+    copies = [jax.device_put(params, device) for device in devices]
+    options = dict(beam_size=beam_size, alpha=alpha, max_extra_len=max_extra_len)
+    return translate_on_devices(
+        config, copies, tokenizer, lines, max_src_len=max_src_len, batch_size=batch_size, **options
+    )
+
+
+def translate_on_devices(
+    config: TransformerConfig | Sequence[TransformerConfig],
+    device_params: Sequence[Any],
+    tokenizer: Tokenizer,
+    lines: Sequence[str],
+    *,
+    beam_size: int,
+    alpha: float,
+    max_extra_len: int,
+    max_src_len: int | None = None,
+    batch_size: int = 64,
+) -> list[str]:
+    """:func:`translate_lines` with one copy of the parameters per local device
+    (``device_params``, each on its device). The batches of :func:`source_batches`
+    (longest first) are spread over the processes (batch ``b`` on process
+    ``b % process_count``) and each process's batches over its devices in turn, all
+    dispatched before any is read. With several processes every one calls it and gets
+    every translation (a collective)."""
     if not isinstance(beam_size, int) or beam_size < 1:
         raise ValueError(f"beam_size must be a positive integer, got {beam_size!r}")
     sources = source_batches(config, tokenizer, lines, max_src_len, batch_size)
-    out = [""] * len(lines)
-    for rows, src in zip(sources.rows, sources.batches, strict=True):
-        tokens = decode_batch(config, params, src, beam_size, alpha, max_extra_len)
-        for i, row in zip(rows, np.asarray(tokens), strict=False):
-            out[i] = tokenizer.decode(row.tolist())
-    return out
+    process, processes = jax.process_index(), jax.process_count()
+    mine = range(process, len(sources.batches), processes)
+    dispatched = [
+        decode_batch(
+            config,
+            device_params[k % len(device_params)],
+            sources.batches[b],
+            beam_size,
+            alpha,
+            max_extra_len,
+        )
+        for k, b in enumerate(mine)
+    ]
+    first = config if isinstance(config, TransformerConfig) else config[0]
+    tokens = np.zeros((len(lines), first.max_len), np.int32)  # 0: PAD, decoded as ''
+    for b, out in zip(mine, dispatched, strict=True):
+        rows = sources.rows[b]
+        out = np.asarray(out)[: len(rows)]
+        tokens[rows, : out.shape[1]] = out
+    if processes > 1:  # each row is decoded by one process, zeros elsewhere
+        summed = sum_over_processes(tokens.ravel())()
+        tokens = np.asarray(summed, np.int32).reshape(tokens.shape)
+    return [tokenizer.decode(row.tolist()) for row in tokens]
 
 
 def source_batches(

@@ -3,7 +3,8 @@
 Two kernel sets give the same values (tests check it):
 
 - ``xla``: plain ``jnp.einsum`` / ``lax.dot_general`` at the configured precision,
-  ``jax.random.bits`` for dropout, autodiff everywhere. What every platform but the CPU runs.
+  ``jax.random.bits`` for dropout (its mask kept as bits for the backward pass,
+  :mod:`.dropout`), autodiff elsewhere. What every platform but the CPU runs.
 - ``cpu``: the same products shaped for XLA:CPU (operand layouts for its bfloat16 kernels,
   flattened dense layers, a blocked transpose and an ordered derivative for the tied
   logits: :mod:`.matmul`) and dropout bits as fused elementwise code (:mod:`.dropout`).

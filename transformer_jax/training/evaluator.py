@@ -7,13 +7,11 @@ from typing import Any
 
 import jax
 import ml_collections
-import numpy as np
 
 from transformer_jax import data as data_lib
 from transformer_jax.inference.bleu import bleu
-from transformer_jax.inference.translation import decode_batch, source_batches
+from transformer_jax.inference.translation import translate_on_devices
 from transformer_jax.model.config import TransformerConfig
-from transformer_jax.training.distributed import sum_over_processes
 from transformer_jax.training.logs import say
 from transformer_jax.training.loss import summarize
 from transformer_jax.training.parallel import DataParallel
@@ -38,49 +36,18 @@ def translate_and_score(
     pairs: list[Pair],
     decode: ml_collections.ConfigDict,
 ) -> tuple[float, list[str]]:
-    """BLEU of the beam-search translations of ``pairs`` and the translations, decoded
-    data-parallel (:func:`translate_data_parallel`)."""
-    hypotheses = translate_data_parallel(
-        model_config, device_params, tokenizer, [source for source, _ in pairs], decode
+    """BLEU of the beam-search translations of ``pairs`` and the translations, decoded over
+    the local devices and the processes (``inference.translation.translate_on_devices``)."""
+    hypotheses = translate_on_devices(
+        model_config,
+        device_params,
+        tokenizer,
+        [source for source, _ in pairs],
+        beam_size=decode.beam_size,
+        alpha=decode.alpha,
+        max_extra_len=decode.max_extra_len,
     )
     return bleu(hypotheses, [target for _, target in pairs]).score, hypotheses
-
-
-def translate_data_parallel(
-    model_config: TransformerConfig,
-    device_params: list[Any],
-    tokenizer: Any,
-    lines: list[str],
-    decode: ml_collections.ConfigDict,
-    batch_size: int = 64,
-) -> list[str]:
-    """``translate_lines``' translations of ``lines``, its batches spread over the processes
-    (batch ``b`` on process ``b % process_count``) and each process's batches over its
-    devices in turn, one copy of the parameters per device (``device_params``). Every
-    process calls it and gets every translation, in order (a collective)."""
-    sources = source_batches(model_config, tokenizer, lines, batch_size=batch_size)
-    process, processes = jax.process_index(), jax.process_count()
-    mine = range(process, len(sources.batches), processes)
-    dispatched = [
-        decode_batch(
-            model_config,
-            device_params[k % len(device_params)],
-            sources.batches[b],
-            decode.beam_size,
-            decode.alpha,
-            decode.max_extra_len,
-        )
-        for k, b in enumerate(mine)
-    ]
-    tokens = np.zeros((len(lines), model_config.max_len), np.int32)  # 0: PAD, decoded as ''
-    for b, out in zip(mine, dispatched, strict=True):
-        rows = sources.rows[b]
-        out = np.asarray(out)[: len(rows)]
-        tokens[rows, : out.shape[1]] = out
-    if processes > 1:  # each row is decoded by one process, zeros elsewhere
-        summed = sum_over_processes(tokens.ravel())()
-        tokens = np.asarray(summed, np.int32).reshape(tokens.shape)
-    return [tokenizer.decode(row.tolist()) for row in tokens]
 
 
 def describe(step: int, split: str, record: dict[str, float]) -> str:
