@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from conftest import TINY_CONFIG
 
-from transformer_jax.data import batching, pipeline, plans, preparation
+from transformer_jax.data import batching, grouping, pipeline, preparation
 from transformer_jax.data.batching import Batcher, EncodedPairs, TrainIterator, eval_batches
 from transformer_jax.data.synthetic import synthetic_pairs
 from transformer_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
@@ -63,9 +63,9 @@ def expected(pairs, max_len=MAX_LEN):
 
 
 def test_bucket_lengths():
-    assert plans.bucket_lengths(64) == (8, 16, 24, 32, 40, 48, 56, 64)
-    assert plans.bucket_lengths(256)[-9:] == (64, 80, 96, 112, 128, 160, 192, 224, 256)
-    assert plans.bucket_lengths(100)[-1] == 100 and len(plans.bucket_lengths(1024)) < 30
+    assert grouping.bucket_lengths(64) == (8, 16, 24, 32, 40, 48, 56, 64)
+    assert grouping.bucket_lengths(256)[-9:] == (64, 80, 96, 112, 128, 160, 192, 224, 256)
+    assert grouping.bucket_lengths(100)[-1] == 100 and len(grouping.bucket_lengths(1024)) < 30
 
 
 @pytest.mark.parametrize("packing", [False, True])
@@ -90,7 +90,7 @@ def test_one_epoch_has_every_pair_once_within_budget(packing):
     end = {"pair": stats["pairs"]} if packing else {}
     assert iterator.get_state() == {"epoch": 0, "index": n, **end}
     assert stats["batches_per_epoch"] == (None if packing else n)
-    assert len(shapes) <= len(plans.bucket_lengths(MAX_LEN))
+    assert len(shapes) <= len(grouping.bucket_lengths(MAX_LEN))
     assert stats["dropped_too_long"] == len(pairs) - sum(expected(pairs).values()) > 0
     assert stats["pairs"] == sum(expected(pairs).values())
     assert 0.3 < stats["padding_efficiency"] <= 1.0
@@ -193,7 +193,7 @@ def test_budget_errors():
 
 def reference_plan_packed(order, src_lengths, tgt_lengths, tokens_per_batch, max_len, shards):
     """The packing plan's first fit, one pair at a time (the reference for ``plan_packed``)."""
-    rows = plans.batch_rows(tokens_per_batch, max_len, shards)
+    rows = grouping.batch_rows(tokens_per_batch, max_len, shards)
     planned, pairs, assigned = [], [], []
     src_free, tgt_free = np.full(rows, max_len), np.full(rows, max_len)
     for i in order:
@@ -228,7 +228,7 @@ def reference_plan_packed(order, src_lengths, tgt_lengths, tokens_per_batch, max
 def test_packed_plan_equals_the_pair_by_pair_first_fit(
     seed, n, shards, tokens_per_batch, max_len, longest, monkeypatch
 ):
-    monkeypatch.setattr(plans, "FIT_CHUNK", 97)  # batches open across chunks
+    monkeypatch.setattr(grouping, "FIT_CHUNK", 97)  # batches open across chunks
     rng = np.random.default_rng(seed)
     src_lengths = rng.integers(1, longest + 1, n).astype(np.int32)
     tgt_lengths = rng.integers(1, longest + 1, n).astype(np.int32)
@@ -237,7 +237,7 @@ def test_packed_plan_equals_the_pair_by_pair_first_fit(
         src_lengths[3::5], tgt_lengths[3::5] = max_len // 2, max_len // 4
     order = rng.permutation(n).astype(np.int32)
     args = (src_lengths, tgt_lengths, tokens_per_batch, max_len, shards)
-    planned = plans.plan_packed(order, *args)
+    planned = grouping.plan_packed(order, *args)
     reference = reference_plan_packed(order, *args)
     assert [(p.pairs.tolist(), p.rows.tolist()) for p in planned] == reference
     assert len(reference) >= min(n, 1) + (n > 10)  # several batches, the last one partial

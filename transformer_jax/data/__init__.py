@@ -8,8 +8,8 @@ from transformer_jax.data.batching import (
     eval_batches,
     padding_efficiency,
 )
+from transformer_jax.data.grouping import bucket_lengths
 from transformer_jax.data.pipeline import encoded_split, eval_split_batches, train_iterator
-from transformer_jax.data.plans import bucket_lengths
 from transformer_jax.data.preparation import get_tokenizer, prepare_data, prepared_path, run_splits
 from transformer_jax.data.sources import SOURCES, load_pairs
 from transformer_jax.data.synthetic import synthetic_pairs

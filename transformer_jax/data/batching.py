@@ -5,7 +5,7 @@ containing approximately 25000 source tokens and 25000 target tokens.").
 A batch holds at most ``tokens_per_batch`` source slots and as many target slots (padding
 included). Two layouts, both with a few fixed shapes so ``jit`` compiles few variants:
 
-* bucketing: pairs grouped by length into buckets (``plans.bucket_lengths``); a bucket of
+* bucketing: pairs grouped by length into buckets (``grouping.bucket_lengths``); a bucket of
   length L has ``tokens_per_batch // L`` rows (rounded down to a multiple of ``num_shards``).
 * packing: several pairs per row of length ``max_len``, with ``*_segments`` (1, 2, ...;
   0 = padding) and per-segment ``*_positions`` so attention never crosses pairs.
@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from transformer_jax.data.plans import (
+from transformer_jax.data.grouping import (
     Planned,
     batch_rows,
     packed_batch,

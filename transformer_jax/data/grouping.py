@@ -1,4 +1,4 @@
-"""The plan of an epoch's batches: which pair goes to which batch and row.
+"""The grouping of an epoch's pairs into batches: which pair goes to which batch and row.
 
 Bucketing groups pairs by length into :func:`bucket_lengths`, ``tokens_per_batch // L`` rows
 for length L; packing fits pairs first-fit into rows of ``max_len`` (see
