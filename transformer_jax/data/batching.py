@@ -100,26 +100,10 @@ def padding_efficiency(batch: Batch) -> float:
     return real / slots
 
 
-def _ragged(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """For sequences of ``lengths`` laid end to end: each element's sequence and its index
-    within that sequence."""
-    owner = np.repeat(np.arange(len(lengths)), lengths)
-    starts = np.cumsum(lengths) - lengths
-    return owner, np.arange(len(owner)) - starts[owner]
-
-
-def _place(rows: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Items of ``sizes`` laid end to end in their ``rows`` in the given order: where each
-    starts in its row and its rank there (0, 1, ...)."""
-    order = np.argsort(rows, kind="stable")
-    by_row, sized = rows[order], sizes[order]
-    first = np.flatnonzero(np.r_[True, by_row[1:] != by_row[:-1]])  # each row's first item
-    group = np.repeat(np.arange(len(first)), np.diff(np.r_[first, len(order)]))
-    before = np.cumsum(sized) - sized
-    start, rank = np.empty_like(before), np.empty_like(before)
-    start[order] = before - before[first][group]
-    rank[order] = np.arange(len(order)) - first[group]
-    return start, rank
+def _spans(starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """``starts[i], starts[i] + 1, ..., starts[i] + sizes[i] - 1`` for each i, end to end."""
+    ends = sizes.cumsum()
+    return np.repeat(starts - (ends - sizes), sizes) + np.arange(ends[-1], dtype=starts.dtype)
 
 
 _BLOCK = 1 << 20  # pairs whose offsets are read at a time
@@ -211,39 +195,49 @@ class Batcher:
 
     def fill(self, planned: Planned) -> Batch:
         """This process's rows of one planned batch as numpy int32 arrays, gathered from the
-        (memory-mapped) token arrays by numpy indexing, with no loop over pairs."""
+        (memory-mapped) token arrays by numpy indexing, with no loop over pairs: each
+        sequence (ids + EOS, or BOS + ids) starts where the one before it in its row ends."""
         local = planned.num_rows // self.process_count
         first = self.process_index * local
-        shape = (local, planned.length)
-        batch = {key: np.full(shape, PAD_ID, np.int32) for key in ("src", "tgt_in", "tgt_out")}
+        length = planned.length
+        flat = {
+            key: np.full(local * length, PAD_ID, np.int32) for key in ("src", "tgt_in", "tgt_out")
+        }
         if self.packing:
             for key in ("src_segments", "src_positions", "tgt_segments", "tgt_positions"):
-                batch[key] = np.zeros(shape, np.int32)
-        mine = (planned.rows >= first) & (planned.rows < first + local)
-        pairs, rows = planned.pairs[mine], planned.rows[mine] - first
+                flat[key] = np.zeros(local * length, np.int32)
+        batch = {key: array.reshape(local, length) for key, array in flat.items()}
+        lo, hi = np.searchsorted(planned.rows, (first, first + local))  # rows are in order
+        pairs, rows = planned.pairs[lo:hi], planned.rows[lo:hi] - first
         if len(pairs) == 0:
             return batch
+        if self.packing:  # each pair's segment: 1 + the pairs before it in its row
+            index = np.arange(len(rows), dtype=np.int32)
+            opens = np.r_[True, rows[1:] != rows[:-1]]
+            row_first = np.maximum.accumulate(np.where(opens, index, 0))
+            segment = index - row_first + 1
         for side in ("src", "tgt"):
             tokens, offsets = getattr(self.pairs, side), getattr(self.pairs, f"{side}_offsets")
             begin = offsets[pairs]
             lengths = offsets[pairs + 1] - begin
-            start, rank = _place(rows, lengths + 1)  # each sequence is its ids + EOS (or BOS)
-            owner, within = _ragged(lengths)
-            ids = tokens[begin[owner] + within]
-            r, c = rows[owner], start[owner] + within
-            if side == "src":
-                batch["src"][r, c] = ids
-                batch["src"][rows, start + lengths] = EOS_ID
-            else:
-                batch["tgt_in"][rows, start] = BOS_ID
-                batch["tgt_in"][r, c + 1] = ids
-                batch["tgt_out"][r, c] = ids
-                batch["tgt_out"][rows, start + lengths] = EOS_ID
+            at = rows.astype(np.intp) * length  # where each sequence starts, flat
             if self.packing:
-                owner, within = _ragged(lengths + 1)
-                r, c = rows[owner], start[owner] + within
-                batch[f"{side}_segments"][r, c] = rank[owner] + 1
-                batch[f"{side}_positions"][r, c] = within
+                before = (lengths + 1).cumsum() - (lengths + 1)
+                at += before - before[row_first]
+            to = _spans(at, lengths)
+            ids = tokens[to + np.repeat(begin - at, lengths)]
+            if side == "src":
+                flat["src"][to] = ids
+                flat["src"][at + lengths] = EOS_ID
+            else:
+                flat["tgt_in"][at] = BOS_ID
+                flat["tgt_in"][to + 1] = ids
+                flat["tgt_out"][to] = ids
+                flat["tgt_out"][at + lengths] = EOS_ID
+            if self.packing:
+                slots = _spans(at, lengths + 1)
+                flat[f"{side}_segments"][slots] = np.repeat(segment, lengths + 1)
+                flat[f"{side}_positions"][slots] = slots - np.repeat(at, lengths + 1)
         return batch
 
 

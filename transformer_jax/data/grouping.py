@@ -7,6 +7,7 @@ for length L; packing fits pairs first-fit into rows of ``max_len`` (see
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 
 import numpy as np
@@ -37,7 +38,8 @@ def batch_rows(tokens_per_batch: int, length: int, num_shards: int) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class Planned:
-    """One batch of the epoch plan: pair ``pairs[k]`` goes to row ``rows[k]``."""
+    """One batch of the epoch plan: pair ``pairs[k]`` goes to row ``rows[k]``; the pairs
+    are in the order of their rows, a row's in the order they are laid out in it."""
 
     length: int
     num_rows: int
@@ -69,50 +71,80 @@ def plan_buckets(
     return planned
 
 
-FIT_CHUNK = 1 << 10  # pairs whose lengths are Python ints at a time
-FIT_BLOCK = 4  # rows per block of the block maxima that skip full rows
+FIT_WINDOW = 1.25  # pairs first looked at per batch: this times a batch's slots / mean length
 
 
-def fit_batch(
-    src_lengths: np.ndarray,
-    tgt_lengths: np.ndarray,
-    order: np.ndarray,
-    start: int,
-    rows: int,
-    max_len: int,
-) -> np.ndarray:
-    """First fit of the pairs ``order[start:]``, in order, into one empty batch of ``rows``
-    rows of ``max_len``: the rows of the pairs up to the first one no row has room for
-    (which opens the next batch) or the end of ``order``; the first pair takes row 0. The
-    scan skips blocks of rows whose largest free space is too small on one side."""
-    chosen: list[int] = []
-    blocks = -(-rows // FIT_BLOCK)
-    src_free, tgt_free = [max_len] * rows, [max_len] * rows  # per row of the batch
-    src_max, tgt_max = [max_len] * blocks, [max_len] * blocks  # per block of rows
-    for first in range(start, len(order), FIT_CHUNK):
-        pairs = order[first : first + FIT_CHUNK]
-        for ls, lt in zip(src_lengths[pairs].tolist(), tgt_lengths[pairs].tolist(), strict=True):
-            b, r = 0, -1
-            while b < blocks:
-                if src_max[b] >= ls and tgt_max[b] >= lt:
-                    r, end = b * FIT_BLOCK, min((b + 1) * FIT_BLOCK, rows)
-                    while r < end and (src_free[r] < ls or tgt_free[r] < lt):
-                        r += 1
-                    if r < end:
-                        break
-                    r = -1
-                b += 1
-            if r < 0:  # no room: the pair opens the next batch, unless it opens this one
-                if chosen:
-                    return np.asarray(chosen, np.int32)
-                b = r = 0
-            src_free[r] -= ls
-            tgt_free[r] -= lt
-            lo = b * FIT_BLOCK
-            src_max[b] = max(src_free[lo : lo + FIT_BLOCK])
-            tgt_max[b] = max(tgt_free[lo : lo + FIT_BLOCK])
-            chosen.append(r)
-    return np.asarray(chosen, np.int32)
+def first_fit(src: np.ndarray, tgt: np.ndarray, rows: int, max_len: int) -> tuple[int, np.ndarray]:
+    """First fit of pairs of lengths ``src`` and ``tgt``, in order, into ``rows`` empty rows
+    of ``max_len``, up to the first pair no row has room for (a first pair too long for a
+    row takes row 0 alone): how many pairs fit and each one's row.
+
+    A pair goes to row r exactly when it fits beside the pairs row r took before it, so the
+    rows are filled one after another: the run of the pairs left that fits (from prefix
+    sums, past the pairs later rows' predecessors took already), then the later pairs
+    that fit the room left, each the first of them, found by a vectorised comparison over
+    the window; the least length of each side from a pair on skips rows no pair fits.
+    """
+    n = len(src)
+    s, t = src.astype(np.int64), tgt.astype(np.int64)
+    s_sum, t_sum = [0, *s.cumsum().tolist()], [0, *t.cumsum().tolist()]
+    never = [max_len + 1] * 2  # past the end: no pair
+    s_least = np.minimum.accumulate(s[::-1])[::-1].tolist() + never  # of pair p and later
+    t_least = np.minimum.accumulate(t[::-1])[::-1].tolist() + never
+    s_left, t_left = s.copy(), t.copy()  # a pair taken: max_len + 1, it fits no row
+    picked: list[int] = []  # pairs taken after their row's run, in order; rows, lengths
+    picked_row: list[int] = []
+    picked_s: list[int] = []
+    picked_t: list[int] = []
+    heads = [0]
+    head = 0
+    if n and (s_sum[1] > max_len or t_sum[1] > max_len):
+        head = 1
+        heads.append(1)
+    for r in range(len(heads) - 1, rows):
+        if head >= n:
+            break
+        first = bisect.bisect_left(picked, head)
+        skip, last = (0, 0), first
+        while True:  # the run's end, longer by the pairs in it taken already, up to `end`
+            end = (
+                min(
+                    bisect.bisect_right(s_sum, s_sum[head] + max_len + skip[0]),
+                    bisect.bisect_right(t_sum, t_sum[head] + max_len + skip[1]),
+                )
+                - 1
+            )  # pairs head..end-1 fit, pair `end` does not
+            if bisect.bisect_right(picked, end) == last:
+                break
+            last = bisect.bisect_right(picked, end)
+            skip = (sum(picked_s[first:last]), sum(picked_t[first:last]))
+        s_skip, t_skip = skip
+        if end == head:  # too long for a row: it fits no row
+            break
+        s_room = max_len - (s_sum[end] - s_sum[head] - s_skip)
+        t_room = max_len - (t_sum[end] - t_sum[head] - t_skip)
+        head = end
+        heads.append(head)
+        after = end + 1
+        while s_room >= s_least[after] and t_room >= t_least[after]:
+            fits = s_left[after:] <= s_room
+            fits &= t_left[after:] <= t_room
+            q = int(fits.argmax()) + after
+            if s_left[q] > s_room or t_left[q] > t_room:
+                break
+            s_left[q] = t_left[q] = max_len + 1
+            at = bisect.bisect_left(picked, q)
+            picked.insert(at, q)
+            picked_row.insert(at, r)
+            picked_s.insert(at, int(s[q]))
+            picked_t.insert(at, int(t[q]))
+            s_room -= int(s[q])
+            t_room -= int(t[q])
+            after = q + 1
+    row_of = np.repeat(np.arange(len(heads) - 1, dtype=np.int32), np.diff(heads))
+    inside = bisect.bisect_left(picked, head)
+    row_of[picked[:inside]] = picked_row[:inside]
+    return head, row_of
 
 
 def packed_batch(
@@ -125,11 +157,22 @@ def packed_batch(
     num_shards: int,
 ) -> Planned:
     """The packed batch that opens with pair ``order[start]``: first fit, each pair in the
-    first row with room on both sides, until a pair fits in no row. A batch depends only on
-    where it opens, so an epoch's batches are planned one at a time as they are read."""
+    first row with room on both sides, until a pair fits in no row (:func:`first_fit`, on a
+    window of the following pairs, doubled while no pair of it closes the batch). A batch
+    depends only on where it opens, so an epoch's batches are planned one at a time as they
+    are read."""
     rows = batch_rows(tokens_per_batch, max_len, num_shards)
-    row_of = fit_batch(src_lengths, tgt_lengths, order, start, rows, max_len)
-    return Planned(max_len, rows, order[start : start + len(row_of)], row_of)
+    probe = order[start : start + 256]
+    mean = max(float(np.mean(src_lengths[probe])), float(np.mean(tgt_lengths[probe])))
+    size = int(FIT_WINDOW * rows * max_len / max(mean, 1.0)) + 1 if len(probe) else 1
+    while True:
+        window = order[start : start + size]
+        count, row_of = first_fit(src_lengths[window], tgt_lengths[window], rows, max_len)
+        if count < len(window) or start + size >= len(order):
+            break
+        size *= 2
+    by_row = np.argsort(row_of, kind="stable")
+    return Planned(max_len, rows, window[:count][by_row], row_of[by_row])
 
 
 def plan_packed(
