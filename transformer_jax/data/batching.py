@@ -100,12 +100,6 @@ def padding_efficiency(batch: Batch) -> float:
     return real / slots
 
 
-def _spans(starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
-    """``starts[i], starts[i] + 1, ..., starts[i] + sizes[i] - 1`` for each i, end to end."""
-    ends = sizes.cumsum()
-    return np.repeat(starts - (ends - sizes), sizes) + np.arange(ends[-1], dtype=starts.dtype)
-
-
 _BLOCK = 1 << 20  # pairs whose offsets are read at a time
 
 
@@ -195,50 +189,52 @@ class Batcher:
 
     def fill(self, planned: Planned) -> Batch:
         """This process's rows of one planned batch as numpy int32 arrays, gathered from the
-        (memory-mapped) token arrays by numpy indexing, with no loop over pairs: each
-        sequence (ids + EOS, or BOS + ids) starts where the one before it in its row ends."""
+        (memory-mapped) token arrays by numpy indexing, with no loop over pairs. A row is its
+        pairs' sequences (ids + EOS, or BOS + ids) end to end, then padding, so the batch is
+        a list of items (each row's pairs, then its padding), each repeated its length."""
         local = planned.num_rows // self.process_count
         first = self.process_index * local
         length = planned.length
-        flat = {
-            key: np.full(local * length, PAD_ID, np.int32) for key in ("src", "tgt_in", "tgt_out")
-        }
-        if self.packing:
-            for key in ("src_segments", "src_positions", "tgt_segments", "tgt_positions"):
-                flat[key] = np.zeros(local * length, np.int32)
-        batch = {key: array.reshape(local, length) for key, array in flat.items()}
         lo, hi = np.searchsorted(planned.rows, (first, first + local))  # rows are in order
         pairs, rows = planned.pairs[lo:hi], planned.rows[lo:hi] - first
-        if len(pairs) == 0:
-            return batch
-        if self.packing:  # each pair's segment: 1 + the pairs before it in its row
-            index = np.arange(len(rows), dtype=np.int32)
-            opens = np.r_[True, rows[1:] != rows[:-1]]
-            row_first = np.maximum.accumulate(np.where(opens, index, 0))
-            segment = index - row_first + 1
+        every_row = np.arange(local)
+        up_to = np.searchsorted(rows, every_row, "right")  # the pairs of the rows up to each
+        row_first = up_to - np.bincount(rows, minlength=local)  # each row's first pair
+        pair_item = np.arange(len(pairs)) + rows
+        pad_item = up_to + every_row
+        slot = np.arange(local * length)
+        is_pair = np.ones(len(pairs) + local, bool)
+        is_pair[pad_item] = False
+        segment = np.zeros(len(pairs) + local, np.int32)  # 1, 2, ... in a row; padding 0
+        segment[pair_item] = np.arange(len(pairs)) - row_first[rows] + 1
+        batch = {}
         for side in ("src", "tgt"):
             tokens, offsets = getattr(self.pairs, side), getattr(self.pairs, f"{side}_offsets")
             begin = offsets[pairs]
-            lengths = offsets[pairs + 1] - begin
-            at = rows.astype(np.intp) * length  # where each sequence starts, flat
-            if self.packing:
-                before = (lengths + 1).cumsum() - (lengths + 1)
-                at += before - before[row_first]
-            to = _spans(at, lengths)
-            ids = tokens[to + np.repeat(begin - at, lengths)]
+            sizes = offsets[pairs + 1] - begin + 1  # ids + EOS (or BOS)
+            ends = np.r_[0, sizes.cumsum()]
+            count = np.empty(len(pairs) + local, np.intp)
+            count[pair_item] = sizes
+            count[pad_item] = length - (ends[up_to] - ends[row_first])
+            item_start = count.cumsum() - count
+            at = item_start[pair_item]  # where each sequence starts, flat
+            shift = np.zeros(len(count), np.intp)
+            shift[pair_item] = begin - at
+            ids = tokens.take(np.repeat(shift, count) + slot, mode="clip").astype(np.int32)
+            ids[at + sizes - 1] = EOS_ID
+            real = np.repeat(is_pair, count)
             if side == "src":
-                flat["src"][to] = ids
-                flat["src"][at + lengths] = EOS_ID
+                batch["src"] = np.where(real, ids, PAD_ID)
             else:
-                flat["tgt_in"][at] = BOS_ID
-                flat["tgt_in"][to + 1] = ids
-                flat["tgt_out"][to] = ids
-                flat["tgt_out"][at + lengths] = EOS_ID
+                batch["tgt_out"] = np.where(real, ids, PAD_ID)
+                ids[1:] = ids[:-1].copy()
+                ids[at] = BOS_ID
+                batch["tgt_in"] = np.where(real, ids, PAD_ID)
             if self.packing:
-                slots = _spans(at, lengths + 1)
-                flat[f"{side}_segments"][slots] = np.repeat(segment, lengths + 1)
-                flat[f"{side}_positions"][slots] = slots - np.repeat(at, lengths + 1)
-        return batch
+                batch[f"{side}_segments"] = np.repeat(segment, count)
+                positions = (slot - np.repeat(item_start, count)).astype(np.int32)
+                batch[f"{side}_positions"] = positions * real
+        return {key: array.reshape(local, length) for key, array in batch.items()}
 
 
 class TrainIterator(Iterator[Batch]):

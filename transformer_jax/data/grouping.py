@@ -163,8 +163,8 @@ def packed_batch(
     are read."""
     rows = batch_rows(tokens_per_batch, max_len, num_shards)
     probe = order[start : start + 256]
-    mean = max(float(np.mean(src_lengths[probe])), float(np.mean(tgt_lengths[probe])))
-    size = int(FIT_WINDOW * rows * max_len / max(mean, 1.0)) + 1 if len(probe) else 1
+    longer = max(int(src_lengths[probe].sum()), int(tgt_lengths[probe].sum()), 1)
+    size = int(FIT_WINDOW * rows * max_len * len(probe) / longer) + 1
     while True:
         window = order[start : start + size]
         count, row_of = first_fit(src_lengths[window], tgt_lengths[window], rows, max_len)
