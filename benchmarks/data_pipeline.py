@@ -20,7 +20,8 @@ Each stage then runs in its own process, timed and with its peak RSS (``ru_maxrs
   the same start on N pairs of prepared arrays written directly (uint16 ids, source and
   target lengths 1 + Poisson(15.7) and 1 + Poisson(15.3), the synthetic corpus's means; no
   text, tokenizer or encoding), opened with ``prepared.open_split``;
-* then ``--batches`` batches: host batches/s and real target tokens/s, with the base
+* then ``--batches`` batches: host batches/s (and per CPU second of the process, what one
+  core gives whatever else the machine runs) and real target tokens/s, with the base
   config's batching (``data.tokens_per_batch`` 25,000, ``data.max_len`` 256, 8 shards),
   one process filling every row (a process of a multi-host run fills only its share).
 
@@ -168,11 +169,12 @@ def run_stage(stage: str, directory: str, vocab: int, batches: int, smoke: bool)
             pairs = iterator.batcher.pairs
             record["mean_src_len"] = float(pairs.src_offsets[-1] / len(pairs))
             record["mean_tgt_len"] = float(pairs.tgt_offsets[-1] / len(pairs))
-            began, tokens = time.perf_counter(), 0
+            began, cpu, tokens = time.perf_counter(), time.process_time(), 0
             for _ in range(batches):
                 tokens += int(np.count_nonzero(next(iterator)["tgt_out"]))
-            elapsed = time.perf_counter() - began
+            elapsed, cpu = time.perf_counter() - began, time.process_time() - cpu
             record.update(batches_per_s=batches / elapsed, tgt_tokens_per_s=tokens / elapsed)
+            record["batches_per_cpu_s"] = batches / cpu
     record.setdefault("seconds", time.perf_counter() - start)
     record["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return record
@@ -273,6 +275,7 @@ def rows_of(result: dict[str, Any]) -> list[list[Any]]:
                 record.get("rss_added", float("nan")) / gib,
                 record.get("anon_added", float("nan")) / gib,
                 rate,
+                record.get("batches_per_cpu_s", float("nan")),
                 record.get("tgt_tokens_per_s", float("nan")),
                 rate / result["gpu_steps_per_s"],
             ]
@@ -323,6 +326,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "RSS added GiB",
         "anon added GiB",
         "batches/s",
+        "batches/CPU s",
         "tgt tokens/s",
         "headroom",
     ]

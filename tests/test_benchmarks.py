@@ -750,6 +750,7 @@ def test_data_pipeline_mapped_smoke():
     assert result["pairs"] == 2000 and "encode" not in result  # --smoke's size
     for stage in ("mapped bucketed", "mapped packed"):
         assert result[stage]["batches_per_s"] > 0 and result[stage]["anon_added"] > 0
+        assert result[stage]["batches_per_cpu_s"] > 0
 
 
 @pytest.mark.slow  # seven stage processes, each importing JAX (~40 s)

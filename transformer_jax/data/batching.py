@@ -220,7 +220,9 @@ class Batcher:
             at = item_start[pair_item]  # where each sequence starts, flat
             shift = np.zeros(len(count), np.intp)
             shift[pair_item] = begin - at
-            ids = tokens.take(np.repeat(shift, count) + slot, mode="clip").astype(np.int32)
+            ids = np.zeros(len(slot), np.int32)  # a split with no token: only EOS and BOS
+            if len(tokens):
+                ids = tokens.take(np.repeat(shift, count) + slot, mode="clip").astype(np.int32)
             ids[at + sizes - 1] = EOS_ID
             real = np.repeat(is_pair, count)
             if side == "src":

@@ -80,10 +80,10 @@ def first_fit(src: np.ndarray, tgt: np.ndarray, rows: int, max_len: int) -> tupl
     row takes row 0 alone): how many pairs fit and each one's row.
 
     A pair goes to row r exactly when it fits beside the pairs row r took before it, so the
-    rows are filled one after another: the run of the pairs left that fits (from prefix
-    sums, past the pairs later rows' predecessors took already), then the later pairs
-    that fit the room left, each the first of them, found by a vectorised comparison over
-    the window; the least length of each side from a pair on skips rows no pair fits.
+    rows are filled one after another: first the run of the pairs left that fits (bisected
+    in the prefix sums, past the pairs in it that earlier rows took), then each later pair
+    that fits the room left, the first such found by a vectorised comparison over the rest
+    of the window (skipped where the least length of a side from there on is too long).
     """
     n = len(src)
     s, t = src.astype(np.int64), tgt.astype(np.int64)
@@ -91,7 +91,7 @@ def first_fit(src: np.ndarray, tgt: np.ndarray, rows: int, max_len: int) -> tupl
     never = [max_len + 1] * 2  # past the end: no pair
     s_least = np.minimum.accumulate(s[::-1])[::-1].tolist() + never  # of pair p and later
     t_least = np.minimum.accumulate(t[::-1])[::-1].tolist() + never
-    s_left, t_left = s.copy(), t.copy()  # a pair taken: max_len + 1, it fits no row
+    s_left, t_left = s.astype(np.int32), t.astype(np.int32)  # taken: max_len + 1, fits no row
     picked: list[int] = []  # pairs taken after their row's run, in order; rows, lengths
     picked_row: list[int] = []
     picked_s: list[int] = []
@@ -129,18 +129,18 @@ def first_fit(src: np.ndarray, tgt: np.ndarray, rows: int, max_len: int) -> tupl
         while s_room >= s_least[after] and t_room >= t_least[after]:
             fits = s_left[after:] <= s_room
             fits &= t_left[after:] <= t_room
-            q = int(fits.argmax()) + after
-            if s_left[q] > s_room or t_left[q] > t_room:
+            q = int(fits.argmax())
+            if not fits[q]:
                 break
+            q += after
             s_left[q] = t_left[q] = max_len + 1
+            ls, lt = s_sum[q + 1] - s_sum[q], t_sum[q + 1] - t_sum[q]
             at = bisect.bisect_left(picked, q)
             picked.insert(at, q)
             picked_row.insert(at, r)
-            picked_s.insert(at, int(s[q]))
-            picked_t.insert(at, int(t[q]))
-            s_room -= int(s[q])
-            t_room -= int(t[q])
-            after = q + 1
+            picked_s.insert(at, ls)
+            picked_t.insert(at, lt)
+            s_room, t_room, after = s_room - ls, t_room - lt, q + 1
     row_of = np.repeat(np.arange(len(heads) - 1, dtype=np.int32), np.diff(heads))
     inside = bisect.bisect_left(picked, head)
     row_of[picked[:inside]] = picked_row[:inside]
