@@ -209,9 +209,9 @@ class Batcher:
         segment[pair_item] = np.arange(len(pairs)) - row_first[rows] + 1
         batch = {}
         for side in ("src", "tgt"):
-            tokens, offsets = getattr(self.pairs, side), getattr(self.pairs, f"{side}_offsets")
-            begin = offsets[pairs]
-            sizes = offsets[pairs + 1] - begin + 1  # ids + EOS (or BOS)
+            tokens = np.asarray(getattr(self.pairs, side))  # of a memmap: no memmap subclass
+            begin = np.asarray(getattr(self.pairs, f"{side}_offsets"))[pairs]
+            sizes = getattr(self, f"{side}_lengths")[pairs].astype(np.intp)  # kept: not capped
             ends = np.r_[0, sizes.cumsum()]
             count = np.empty(len(pairs) + local, np.intp)
             count[pair_item] = sizes
@@ -234,7 +234,7 @@ class Batcher:
                 batch["tgt_in"] = np.where(real, ids, PAD_ID)
             if self.packing:
                 batch[f"{side}_segments"] = np.repeat(segment, count)
-                positions = (slot - np.repeat(item_start, count)).astype(np.int32)
+                positions = slot.astype(np.int32) - np.repeat(item_start.astype(np.int32), count)
                 batch[f"{side}_positions"] = positions * real
         return {key: array.reshape(local, length) for key, array in batch.items()}
 
