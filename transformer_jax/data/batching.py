@@ -210,8 +210,9 @@ class Batcher:
         batch = {}
         for side in ("src", "tgt"):
             tokens = np.asarray(getattr(self.pairs, side))  # of a memmap: no memmap subclass
-            begin = np.asarray(getattr(self.pairs, f"{side}_offsets"))[pairs]
-            sizes = getattr(self, f"{side}_lengths")[pairs].astype(np.intp)  # kept: not capped
+            offsets = np.asarray(getattr(self.pairs, f"{side}_offsets"))
+            begin = offsets[pairs]
+            sizes = offsets[pairs + 1] - begin + 1  # ids + EOS (or BOS)
             ends = np.r_[0, sizes.cumsum()]
             count = np.empty(len(pairs) + local, np.intp)
             count[pair_item] = sizes
