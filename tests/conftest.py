@@ -109,6 +109,9 @@ REDUNDANT_HEAVY = {
 # Heavy tests with a property of their own, marked slow here: CI runs them after the default
 # run (``.ci/run``: ``pytest -m slow``). A name without brackets covers all its parameters.
 HEAVY_RUN_BY_CI = {
+    "tests/training/test_old_workdir.py::test_a_workdir_of_commit_7a0f9a5_resumes": (
+        "a train.py process resuming a saved workdir"
+    ),
     "tests/test_notebooks.py::test_notebook_executes": "seven fresh kernels, training runs",
     "tests/training/test_loop.py::"
     "test_sigkill_then_resume_matches_an_uninterrupted_run_and_sigterm_saves": (
