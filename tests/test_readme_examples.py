@@ -6,12 +6,14 @@ before it, ``<!-- needs: torch -->``, and is skipped with that reason where it i
 
 import doctest
 import importlib.util
+import json
+import os
 import re
 import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, user_environment
+from conftest import ROOT, SESSION_VARIABLES, user_environment
 
 README = ROOT / "README.md"
 BLOCK = re.compile(r"(?:<!-- needs: (?P<needs>[\w, ]+) -->\n)?```python\n(?P<code>.*?)```", re.S)
@@ -50,6 +52,15 @@ def test_the_readme_has_its_examples_and_each_says_what_it_prints():
         assert expected_lines(code), f"{name} prints nothing the test could check"
         assert set(needs) <= {"torch"}, f"{name} needs {needs}: a module the test knows"
     assert found["library-3"][1] == ["torch"]
+
+
+def test_the_examples_get_the_environment_pytest_found():
+    """Not the suite's unoptimised XLA code or its compilation cache (set by conftest.py)."""
+    assert "--xla_backend_optimization_level=0" in os.environ["XLA_FLAGS"]
+    found = json.loads(os.environ["TRANSFORMER_JAX_TESTS_FOUND_ENVIRONMENT"])
+    environment = user_environment()
+    assert {name: environment.get(name) for name in SESSION_VARIABLES} == found
+    assert environment["PATH"] == os.environ["PATH"]
 
 
 def test_matching_allows_ellipsis_and_nothing_more():
