@@ -2,8 +2,8 @@
 
 Every module under ``transformer_jax/`` (and ``train.py``) is parsed with ``ast``; an edge
 ``a -> b`` is an import of package module ``b`` anywhere in ``a`` (top level or in a function).
-Imports flow one way: kernels <- model <- data/training/inference/interop <- configs <- cli
-(DESIGN.md's layout).
+Imports flow one way: kernels <- model <- data <- multihost <- training/inference/interop <-
+configs <- cli (README, Layout).
 """
 
 import ast
@@ -18,7 +18,7 @@ PACKAGE = "transformer_jax"
 # needed on one path (TensorBoard logs, TFDS sources, the PyTorch baseline).
 LAZY_IMPORTS_ALLOWED = {"tensorboardX", "tensorflow_datasets", "torch"}
 
-LIBRARY = ("kernels", "model", "data", "training", "inference", "analysis", "interop")
+LIBRARY = ("kernels", "model", "data", "training", "inference", "analysis", "interop", "multihost")
 # (importer prefix, imported prefix): the importer must not import that part of the package.
 FORBIDDEN = [
     ("transformer_jax.kernels", "transformer_jax.model"),
@@ -35,6 +35,10 @@ FORBIDDEN = [
     ("transformer_jax.data", "transformer_jax.analysis"),
     *(("transformer_jax.interop", f"transformer_jax.{part}") for part in LIBRARY[2:6]),
     *((f"transformer_jax.{part}", "transformer_jax.interop") for part in LIBRARY[:6]),
+    # The processes of a run (multihost) sit below the training loop and inference.
+    *((f"transformer_jax.{part}", "transformer_jax.multihost") for part in LIBRARY[:3]),
+    ("transformer_jax.multihost", "transformer_jax.inference"),
+    ("transformer_jax.multihost", "transformer_jax.training.loop"),
     ("transformer_jax.analysis", "transformer_jax.data"),
     ("transformer_jax.analysis", "transformer_jax.training"),
     ("transformer_jax.analysis", "transformer_jax.inference"),

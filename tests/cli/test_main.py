@@ -9,7 +9,7 @@ import pytest
 from conftest import ROOT
 
 from transformer_jax import configs
-from transformer_jax.cli.main import COMMANDS, main
+from transformer_jax.cli.main import COMMANDS, command, main
 
 
 def test_usage_lists_every_command_and_a_wrong_one_exits_2(capsys):
@@ -36,7 +36,7 @@ def test_help_keeps_the_descriptions_layout(name):
     result = transformer_jax(name, "--help")
     assert result.returncode == 0, result.stderr
     out = result.stdout.splitlines()
-    doc = COMMANDS[name][0].__doc__
+    doc = command(name).__doc__
     missing = [line for line in doc.strip().splitlines() if line.rstrip() not in out]
     assert not missing, missing
 

@@ -31,7 +31,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from transformer_jax.configs import NAMES, config_file
-from transformer_jax.preemption import EXIT_PREEMPTED  # noqa: F401 (one of the exit codes)
+from transformer_jax.multihost.preemption import EXIT_PREEMPTED  # noqa: F401 (one of the exit codes)
 from transformer_jax.training import schema
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130

@@ -52,8 +52,8 @@ from transformer_jax.cli.flags import (
 )
 from transformer_jax.compilation_cache import use_cache_flags
 from transformer_jax.kernels import configure_process
-from transformer_jax.preemption import exit_on_sigterm
-from transformer_jax.training import distributed, peers
+from transformer_jax.multihost import distributed, peers
+from transformer_jax.multihost.preemption import exit_on_sigterm
 from transformer_jax.training.checkpoints import CHECKPOINT_DIR, CONFIG_FILE
 from transformer_jax.training.logs import METRICS_FILE
 from transformer_jax.training.loop import train_and_evaluate

@@ -16,8 +16,8 @@ import ml_collections
 from transformer_jax import data as data_lib
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.transformer import Transformer
+from transformer_jax.multihost.distributed import from_process_zero
 from transformer_jax.training import checkpoints
-from transformer_jax.training.distributed import from_process_zero
 from transformer_jax.training.mesh import MeshParallel, make_parallel
 from transformer_jax.training.optimizer import (
     transformer_optimizer,

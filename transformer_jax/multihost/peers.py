@@ -21,9 +21,9 @@ from typing import Any
 
 import jax
 import ml_collections
-from jax._src.distributed import global_state
 
-from transformer_jax.training.distributed import end
+from transformer_jax.multihost.distributed import end
+from transformer_jax.multihost.jax_private import global_state
 from transformer_jax.training.run import config_changes
 
 _PREFIX = "transformer_jax"
@@ -46,7 +46,7 @@ def agree(config: ml_collections.ConfigDict, num_processes: int | None, timeout_
     """ValueError naming the first launch argument that differs between this process and
     process 0 (on process 0: any other), or a process that did not publish its own within
     ``timeout_s``. Every process calls it once, right after initialization."""
-    client, me = global_state.client, jax.process_index()
+    client, me = global_state().client, jax.process_index()
     config_json = json.loads(config.to_json())
     mine = {"num_processes": num_processes or jax.process_count(), "config": config_json}
     client.key_value_set(f"{_PREFIX}/launch/{me}", json.dumps(mine))
@@ -84,7 +84,7 @@ def watch(timeout_s: float) -> Callable[[], None]:
 
 
 def _heartbeat(timeout_s: float, finished: threading.Event) -> None:
-    client, me = global_state.client, jax.process_index()
+    client, me = global_state().client, jax.process_index()
     start = time.monotonic()
     heard = dict.fromkeys(range(jax.process_count()), start)  # -1: the coordinator
     heard[-1] = start
