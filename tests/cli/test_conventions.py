@@ -10,11 +10,12 @@ import jax
 import pytest
 from conftest import ROOT
 
+from transformer_jax import kernels
 from transformer_jax.cli import flags as cli_flags
 from transformer_jax.cli import train as train_cli
 from transformer_jax.cli.main import COMMANDS
 from transformer_jax.cli.main import command as command_module
-from transformer_jax.training import logs
+from transformer_jax.training import logs, loop
 
 MISSING = "/no/such/path"
 # failure kind -> (exit code, {command: its command line with that failure})
@@ -139,8 +140,8 @@ def fake_training(monkeypatch):
         seen["hook"], seen["workdir"] = sys.unraisablehook, workdir
         return seen["result"]
 
-    monkeypatch.setattr(train_cli, "configure_process", lambda platform: False)
-    monkeypatch.setattr(train_cli, "train_and_evaluate", train_and_evaluate)
+    monkeypatch.setattr(kernels, "configure_process", lambda platform: False)
+    monkeypatch.setattr(loop, "train_and_evaluate", train_and_evaluate)
     return seen
 
 
