@@ -38,7 +38,7 @@ FORBIDDEN = [
     # The processes of a run (multihost) sit below the training loop and inference.
     *((f"transformer_jax.{part}", "transformer_jax.multihost") for part in LIBRARY[:3]),
     ("transformer_jax.multihost", "transformer_jax.inference"),
-    ("transformer_jax.multihost", "transformer_jax.training.loop"),
+    ("transformer_jax.multihost", "transformer_jax.training"),
     ("transformer_jax.analysis", "transformer_jax.data"),
     ("transformer_jax.analysis", "transformer_jax.training"),
     ("transformer_jax.analysis", "transformer_jax.inference"),

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from conftest import ROOT as REPO_ROOT
 
-from transformer_jax.multihost import distributed
+from transformer_jax.multihost import distributed, peers
 from transformer_jax.training import checkpoints
 from transformer_jax.training.logs import read_metrics
 from transformer_jax.training.workdir import lock_workdir
@@ -113,6 +113,20 @@ def test_coordinator_address_from_the_environment():
     assert arguments["coordinator_address"] == "h:9"
 
 
+def test_a_launch_difference_names_the_field_and_both_values():
+    mine = {"num_processes": 2, "config": {"train": {"num_steps": 20, "seed": 0}}}
+    theirs = {"num_processes": 2, "config": {"train": {"num_steps": 10, "seed": 0}}}
+    assert peers._differences(mine, mine, 1) is None
+    assert peers._differences(mine, theirs, 0) == (
+        "the config differs from process 0's: train.num_steps=10 there, 20 here"
+    )
+    newer = {"num_processes": 2, "config": {"train": {"num_steps": 10, "seed": 0, "new": 1}}}
+    assert peers._differences(newer, theirs, 0).endswith("train.new=None there, 1 here")
+    assert peers._differences({**mine, "num_processes": 3}, theirs, 1) == (
+        "--num_processes=3 here but 2 on process 1"
+    )
+
+
 def test_process_zeros_coordination_service_outlives_it_for_the_grace_time_only():
     """Started as process 0 starts it: ready, then gone ``grace`` s after process 0's end
     (stdin closed without ``done``), or at once after ``done``."""
@@ -171,7 +185,7 @@ COLLECTIVES = textwrap.dedent(
     """
     import sys
     import jax
-    from transformer_jax.multihost import distributed
+    from transformer_jax.multihost import distributed, peers
 
     port, index = sys.argv[1], int(sys.argv[2])
     assert distributed.initialize(False, coordinator_address=f"127.0.0.1:{port}",
@@ -581,7 +595,7 @@ EVAL_TRANSLATIONS = textwrap.dedent(
     from transformer_jax.inference.translation import translate_lines
     from transformer_jax.model.config import TransformerConfig
     from transformer_jax.model.transformer import Transformer
-    from transformer_jax.multihost import distributed
+    from transformer_jax.multihost import distributed, peers
 
     port, index, path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     assert distributed.initialize(False, coordinator_address=f"127.0.0.1:{port}",

@@ -22,9 +22,9 @@ from typing import Any
 import jax
 import ml_collections
 
+from transformer_jax.fields import flatten
 from transformer_jax.multihost.distributed import end
 from transformer_jax.multihost.jax_private import global_state
-from transformer_jax.training.run import config_changes
 
 _PREFIX = "transformer_jax"
 
@@ -35,7 +35,9 @@ def _differences(mine: dict[str, Any], theirs: dict[str, Any], other: int) -> st
             f"--num_processes={mine['num_processes']} here but {theirs['num_processes']} on "
             f"process {other}"
         )
-    changes = config_changes(theirs["config"], ml_collections.ConfigDict(mine["config"]))
+    there, here = flatten(theirs["config"]), flatten(mine["config"])
+    fields = [*there, *(k for k in here if k not in there)]
+    changes = {k: (there.get(k), here.get(k)) for k in fields if there.get(k) != here.get(k)}
     if changes:
         listed = ", ".join(f"{k}={old!r} there, {new!r} here" for k, (old, new) in changes.items())
         return f"the config differs from process {other}'s: {listed}"
