@@ -127,6 +127,16 @@ def test_a_launch_difference_names_the_field_and_both_values():
     )
 
 
+def test_the_coordinator_process_finds_the_package_this_process_found(monkeypatch):
+    """``python train.py`` found the package in its script's folder alone: the child
+    (``-m transformer_jax.multihost.coordinator``) gets that folder on PYTHONPATH."""
+    assert distributed.with_package_on_path({"A": "1"}) == {"A": "1"}  # on sys.path: as is
+    elsewhere = [p for p in sys.path if os.path.abspath(p) != ROOT]
+    monkeypatch.setattr(sys, "path", [ROOT, *elsewhere])
+    env = distributed.with_package_on_path({"PYTHONPATH": "/x"})
+    assert env["PYTHONPATH"] == os.pathsep.join([ROOT, "/x"])
+
+
 def test_process_zeros_coordination_service_outlives_it_for_the_grace_time_only():
     """Started as process 0 starts it: ready, then gone ``grace`` s after process 0's end
     (stdin closed without ``done``), or at once after ``done``."""

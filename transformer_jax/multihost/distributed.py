@@ -215,9 +215,12 @@ def finish() -> None:
 
 
 def with_package_on_path(environ: Mapping[str, str]) -> dict[str, str]:
-    """``environ`` with the folder holding this package first on PYTHONPATH: a child
-    process imports the same transformer_jax however this one found it."""
+    """``environ`` for a child process that imports this same transformer_jax: the folder
+    holding the package goes first on PYTHONPATH where only this process's first path
+    entry (``python train.py``'s folder) found it."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if root in (os.path.abspath(path) for path in sys.path[1:]):
+        return dict(environ)  # found there by a child as well (installed, or PYTHONPATH)
     paths = [root, *filter(None, environ.get("PYTHONPATH", "").split(os.pathsep))]
     return {**environ, "PYTHONPATH": os.pathsep.join(paths)}
 
