@@ -19,8 +19,8 @@ The public API, one import away:
 * ``interop``: ``torch.nn.Transformer`` state dicts to and from parameters (``interop.torch``).
 
 Each name is imported when first used (a module ``__getattr__``): ``import transformer_jax``
-imports neither JAX nor Flax, and importing it, or any of its modules, changes nothing in
-the process (signal handlers are the train command's: :mod:`transformer_jax.cli.train`).
+imports neither JAX nor Flax. No module installs a signal handler or reads the interpreter's
+command line on import: the handlers are the train command's (:mod:`transformer_jax.cli.train`).
 """
 
 from __future__ import annotations
