@@ -221,11 +221,11 @@ HEAVY_RUN_BY_CI = {
             "test_a_failed_save_is_reported_at_once",
         )
     },
-    "tests/training/test_multihost.py::"
+    "tests/multihost/test_multihost.py::"
     "test_two_processes_agree_on_flags_and_receive_process_zeros_bytes": (
         "two processes starting JAX's distributed runtime"
     ),
-    "tests/training/test_multihost.py::"
+    "tests/multihost/test_multihost.py::"
     "test_train_py_under_mpirun_without_the_switch_is_refused_in_one_line": (
         "train.py processes; the refusal itself is checked in-process by "
         "test_a_launcher_without_the_switch_is_refused"

@@ -339,7 +339,7 @@ SHARE = textwrap.dedent(
     """
     import json, sys
     from transformer_jax.data import pipeline, preparation
-    from transformer_jax.training import distributed
+    from transformer_jax.multihost import distributed
     from transformer_jax.training.schema import default_config
 
     port, index, text_dir, workdir = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
