@@ -1,11 +1,10 @@
 """`python train.py`: see :mod:`transformer_jax.cli.train` (``python train.py --help``)."""
 
-import os
-import signal
 import sys
 
-# Preempted while the libraries load: the exit code of a preempted run (cli.train's EXIT_PREEMPTED)
-signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(75))
+from transformer_jax.multihost.preemption import exit_on_sigterm
+
+exit_on_sigterm()  # preempted while the libraries load: exit 75 with one line
 
 from transformer_jax.cli.train import main  # noqa: E402 - after the handler
 

@@ -1,5 +1,6 @@
 """Shared test settings: the tiny model configuration and a batch for it, XLA's settings for
-the session (unoptimised CPU code, one compilation cache), and which heavy tests are slow.
+the session (unoptimised CPU code, one compilation cache) and the environment without them
+(``user_environment``), and which heavy tests are slow.
 
 Test modules import ``TINY_CONFIG`` (``from conftest import TINY_CONFIG``) and state what
 they change with ``TINY_CONFIG.replace(...)``; tests take the ``tiny_config`` and
@@ -8,6 +9,7 @@ Nothing here starts a JAX backend at import: tests that set ``XLA_FLAGS`` still 
 """
 
 import atexit
+import json
 import os
 import shutil
 import tempfile
@@ -21,6 +23,27 @@ from transformer_jax import TransformerConfig
 from transformer_jax.ids import BOS_ID, EOS_ID, PAD_ID
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository
+
+# The variables set below, as pytest found them: kept in the environment before they change,
+# so that pytest-xdist workers, started after, read the values their controller found.
+SESSION_VARIABLES = (
+    "XLA_FLAGS",
+    "JAX_COMPILATION_CACHE_DIR",
+    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
+)
+_FOUND = "TRANSFORMER_JAX_TESTS_FOUND_ENVIRONMENT"
+os.environ.setdefault(
+    _FOUND, json.dumps({name: os.environ.get(name) for name in SESSION_VARIABLES})
+)
+
+
+def user_environment() -> dict[str, str]:
+    """The environment pytest was started in, without this file's XLA settings: what a
+    user's ``python file.py`` gets."""
+    found = json.loads(os.environ[_FOUND])
+    environment = {k: v for k, v in os.environ.items() if k not in found and k != _FOUND}
+    return environment | {k: v for k, v in found.items() if v is not None}
+
 
 # The suite compiles hundreds of small XLA programs and runs each a few times: LLVM's
 # optimisation of their CPU code costs more than it saves. Read when JAX starts its
@@ -109,6 +132,9 @@ REDUNDANT_HEAVY = {
 # Heavy tests with a property of their own, marked slow here: CI runs them after the default
 # run (``.ci/run``: ``pytest -m slow``). A name without brackets covers all its parameters.
 HEAVY_RUN_BY_CI = {
+    "tests/training/test_old_workdir.py::test_a_workdir_of_commit_7a0f9a5_resumes": (
+        "a train.py process resuming a saved workdir"
+    ),
     "tests/test_notebooks.py::test_notebook_executes": "seven fresh kernels, training runs",
     "tests/training/test_loop.py::"
     "test_sigkill_then_resume_matches_an_uninterrupted_run_and_sigterm_saves": (
@@ -195,11 +221,11 @@ HEAVY_RUN_BY_CI = {
             "test_a_failed_save_is_reported_at_once",
         )
     },
-    "tests/training/test_multihost.py::"
+    "tests/multihost/test_multihost.py::"
     "test_two_processes_agree_on_flags_and_receive_process_zeros_bytes": (
         "two processes starting JAX's distributed runtime"
     ),
-    "tests/training/test_multihost.py::"
+    "tests/multihost/test_multihost.py::"
     "test_train_py_under_mpirun_without_the_switch_is_refused_in_one_line": (
         "train.py processes; the refusal itself is checked in-process by "
         "test_a_launcher_without_the_switch_is_refused"
@@ -207,9 +233,9 @@ HEAVY_RUN_BY_CI = {
     "tests/training/test_loop.py::test_tfds_source_end_to_end_with_mock_data": (
         "a run on mocked TFDS data: tokenizer, training, evaluation"
     ),
-    "tests/test_public_api.py::"
-    "test_readme_library_example_trains_and_decodes_a_decoder_only_model": (
-        "the README's example: a training run and decoding"
+    "tests/test_readme_examples.py::test_readme_example_prints_what_it_says": (
+        "each README example a fresh process compiling with XLA's default optimisation; "
+        "test_public_api.py runs the variant in the default run"
     ),
 }
 

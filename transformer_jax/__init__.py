@@ -17,47 +17,60 @@ The public API, one import away:
 * ``analysis``: cost estimates, attention maps and hidden states;
 * ``kernels``: the backend seam (fast paths chosen by the target platform);
 * ``interop``: ``torch.nn.Transformer`` state dicts to and from parameters (``interop.torch``).
+
+Each name is imported when first used (a module ``__getattr__``): ``import transformer_jax``
+imports neither JAX nor Flax. No module installs a signal handler or reads the interpreter's
+command line on import: the handlers are the train command's (:mod:`transformer_jax.cli.train`).
 """
 
-# First: the train command's SIGTERM handler, in place before the libraries load.
-from transformer_jax import preemption  # noqa: F401
+from __future__ import annotations
 
-# isort: split
-from transformer_jax import analysis, data, ids, interop, kernels, training
-from transformer_jax.inference import decoding
-from transformer_jax.model import attention, embeddings, layers, variants
-from transformer_jax.model.attention import (
-    MultiHeadAttention,
-    causal_mask,
-    padding_mask,
-    scaled_dot_product_attention,
-)
-from transformer_jax.model.config import TransformerConfig
-from transformer_jax.model.embeddings import sinusoidal_positions
-from transformer_jax.model.layers import FeedForward
-from transformer_jax.model.transformer import Decoder, Encoder, Transformer
+import importlib
+from typing import Any
 
-__all__ = [
-    "Decoder",
-    "Encoder",
-    "FeedForward",
-    "MultiHeadAttention",
-    "Transformer",
-    "TransformerConfig",
-    "analysis",
-    "attention",
-    "causal_mask",
-    "data",
-    "decoding",
-    "embeddings",
-    "ids",
-    "interop",
-    "kernels",
-    "layers",
-    "padding_mask",
-    "scaled_dot_product_attention",
-    "sinusoidal_positions",
-    "training",
-    "variants",
-]
+# name -> (module, attribute of it; None: the module itself)
+_PUBLIC: dict[str, tuple[str, str | None]] = {
+    **{
+        name: (f"transformer_jax.{name}", None)
+        for name in ("analysis", "data", "ids", "interop", "kernels", "training")
+    },
+    "decoding": ("transformer_jax.inference.decoding", None),
+    **{
+        name: (f"transformer_jax.model.{name}", None)
+        for name in ("attention", "embeddings", "layers", "variants")
+    },
+    **{
+        name: ("transformer_jax.model.attention", name)
+        for name in (
+            "MultiHeadAttention",
+            "causal_mask",
+            "padding_mask",
+            "scaled_dot_product_attention",
+        )
+    },
+    "TransformerConfig": ("transformer_jax.model.config", "TransformerConfig"),
+    "sinusoidal_positions": ("transformer_jax.model.embeddings", "sinusoidal_positions"),
+    "FeedForward": ("transformer_jax.model.layers", "FeedForward"),
+    **{
+        name: ("transformer_jax.model.transformer", name)
+        for name in ("Decoder", "Encoder", "Transformer")
+    },
+}
+__all__ = sorted(_PUBLIC)
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    """A public name, imported on first use."""
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'transformer_jax' has no attribute {name!r}")
+    module, attribute = _PUBLIC[name]
+    value = importlib.import_module(module)
+    if attribute is not None:
+        value = getattr(value, attribute)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

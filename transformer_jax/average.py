@@ -1,4 +1,5 @@
-"""`python -m transformer_jax.average`: see :mod:`transformer_jax.cli.average`."""
+"""`python -m transformer_jax.average`: the average command where the console script is not on
+PATH (:mod:`transformer_jax.cli.average`)."""
 
 import sys
 

@@ -1,4 +1,5 @@
-"""`python -m transformer_jax.download`: see :mod:`transformer_jax.cli.download`."""
+"""`python -m transformer_jax.download`: the download command where the console script is not on
+PATH (:mod:`transformer_jax.cli.download`)."""
 
 import sys
 

@@ -1,4 +1,5 @@
-"""`python -m transformer_jax.evaluate`: see :mod:`transformer_jax.cli.evaluate`."""
+"""`python -m transformer_jax.evaluate`: the evaluate command where the console script is not on
+PATH (:mod:`transformer_jax.cli.evaluate`)."""
 
 import sys
 

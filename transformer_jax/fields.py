@@ -105,3 +105,14 @@ def check_values(section: type, values: Mapping[str, Any], prefix: str = "") -> 
     for name, (_, spec) in specs(section).items():
         if name in values and (error := spec.check.error(values[name])):
             raise ValueError(f"{prefix}{name} {error}, got {values[name]!r}")
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A config's nested sections as ``{'section.field': value}`` (its JSON form)."""
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, Mapping):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat

@@ -1,4 +1,5 @@
-"""`python -m transformer_jax.plan`: see :mod:`transformer_jax.cli.plan`."""
+"""`python -m transformer_jax.plan`: the plan command where the console script is not on
+PATH (:mod:`transformer_jax.cli.plan`)."""
 
 import sys
 

@@ -1,4 +1,5 @@
-"""`python -m transformer_jax.train`: see :mod:`transformer_jax.cli.train`."""
+"""`python -m transformer_jax.train`: the train command where the console script is not on
+PATH (:mod:`transformer_jax.cli.train`)."""
 
 import sys
 

@@ -1,4 +1,5 @@
-"""`python -m transformer_jax.translate`: see :mod:`transformer_jax.cli.translate`."""
+"""`python -m transformer_jax.translate`: the translate command where the console script is not on
+PATH (:mod:`transformer_jax.cli.translate`)."""
 
 import sys
 

@@ -14,8 +14,16 @@ from transformer_jax import TransformerConfig
 from transformer_jax.analysis.costs import training_flops
 from transformer_jax.aot import programs
 from transformer_jax.aot.gpus import GPUS, NETWORK_BANDWIDTH, get_gpu, target_config
-from transformer_jax.aot.plan import estimate, format_plan
+from transformer_jax.aot.plan import (
+    FIT_MARGIN,
+    _could_not_fit_lines,
+    _fit,
+    estimate,
+    fits,
+    format_plan,
+)
 from transformer_jax.aot.programs import Compiled, hlo_summary, parse_topology
+from transformer_jax.aot.xla_log import captured_stderr, read_xla_log
 
 HLO = """
 ENTRY %main (p: f32[1024,512]) -> f32[1024,512] {
@@ -142,13 +150,17 @@ def test_the_printed_plan_states_memory_fit_collectives_and_the_estimate():
     plan |= {"attention_impl": "cudnn", "grad_accum_steps": 1, "train": train}
     plan["estimate"] = {"step_s": 0.04, "compute_s": 0.03, "memory_s": 0.01, "comm_s": 0.01}
     plan["estimate"] |= {"tokens_per_device_per_s": 1e6, "mfu": 0.75, "peak_flops": 989.4e12}
-    plan["fit"] = {"max_rows_per_device": 400, "max_tokens_per_device": 102400}
+    plan["fit"] = {"max_rows_per_device": 400, "max_tokens_per_device": 102400, "margin": 0.05}
     plan["fit"] |= {"max_tokens_per_batch": 819200, "method": "fit", "compile_s": 2.0}
-    plan["fit"]["checked_total_bytes"] = 59 * gib
+    plan["fit"] |= {"checked_rows": 400, "checked_total_bytes": 56 * gib}
+    plan["fit"]["checked_could_not_fit"] = None
+    train["could_not_fit"] = None
     text = format_plan(plan)
     assert "total 7.00 GiB of 80.00 GiB (usable 60.00 GiB): fits" in text
     assert "all-reduce x2 (2.0 MiB), all-gather x1 (0.0 MiB)" in text
-    assert "data.tokens_per_batch=819200" in text and "59.00 GiB" in text
+    assert "with 5% of usable memory to spare" in text
+    assert "data.tokens_per_batch=819200 (compiled at that size: 56.00 GiB" in text
+    assert "rematerialization" not in text
     assert "estimate (roofline, not a measurement): step 40.0 ms" in text
     assert "8,000,000 tokens/s" in text and "MFU 75% of 989 TFLOP/s" in text
     plan["grad_accum_steps"] = 2
@@ -160,3 +172,80 @@ def test_plan_help_lists_its_flags():
     assert result.returncode == 0
     assert "python -m transformer_jax.plan --config" in result.stdout
     assert "--topology" in result.stdout and "--gpu: <a100|h100|h200>" in result.stdout
+
+
+REMAT_LINE = (
+    "W1207 12:14:21.694003    6736 hlo_rematerialization.cc:3231] Can't reduce memory use "
+    "below 76.56MiB (80275535 bytes) by rematerialization; only reduced to 138.90MiB "
+    "(145647120 bytes), down from 228.32MiB (239413828 bytes) originally"
+)
+ALARM = """E1207 12:20:01.000000    6736 slow_operation_alarm.cc:73]
+********************************
+[Compiling module jit_train] Very slow compile? If you want to file a bug, run with envvar \
+XLA_FLAGS=--xla_dump_to=/tmp/foo and attach the results.
+********************************"""
+
+
+def test_xlas_log_becomes_the_plans_notes_and_the_alarm_is_dropped():
+    notes, others = read_xla_log("\n".join([REMAT_LINE, ALARM, "W1207 something else"]))
+    assert notes == {
+        "could_not_fit": {
+            "limit_bytes": 80275535,
+            "reached_bytes": 145647120,
+            "original_bytes": 239413828,
+        },
+        "slow_compile_alarms": 1,
+    }
+    assert others == ["W1207 something else"]
+    assert read_xla_log("")[0] == {"could_not_fit": None, "slow_compile_alarms": 0}
+
+
+def test_captured_stderr_takes_what_is_written_to_descriptor_2(capfd):
+    with captured_stderr() as log:
+        os.write(2, b"from C++\n")
+    print("after", file=sys.stderr, flush=True)
+    assert log == ["from C++\n"]
+    assert capfd.readouterr().err == "after\n"
+
+
+def compiled(total: int, could_not_fit: dict | None = None) -> Compiled:
+    notes = {"could_not_fit": could_not_fit, "slow_compile_alarms": 0}
+    return Compiled(1.0, total, 0, 0, 0, {}, notes)
+
+
+def test_the_fit_leaves_its_margin_and_steps_down_until_its_check_fits():
+    """Bytes grow by 1 per row from 100; the line through 10 and 40 rows says 10 + 845 rows
+    reach the 95% target of 1000 usable bytes; the check of a step that XLA could not fit
+    steps down by the margin."""
+    asked = []
+
+    def compile_rows(rows: int) -> Compiled:
+        asked.append(rows)
+        if rows > 700:  # XLA's rematerialization fails above 700 rows
+            return compiled(100 + rows, {"limit_bytes": 800, "reached_bytes": 900})
+        return compiled(100 + rows)
+
+    fit = _fit(compile_rows, compiled(110), 10, 1000)
+    assert fit["target_bytes"] == 950 and fit["margin"] == FIT_MARGIN == 0.05
+    assert asked == [40, 850, 807, 766]
+    assert fit["max_rows_per_device"] == 0 and fit["checked_rows"] == 766
+    assert fit["checked_could_not_fit"] == {"limit_bytes": 800, "reached_bytes": 900}
+    asked.clear()
+    fit = _fit(
+        lambda rows: compiled(100 + rows) if rows < 700 else compile_rows(rows),
+        compiled(110),
+        10,
+        760,
+    )
+    assert fit["max_rows_per_device"] == fit["checked_rows"] == 622
+    assert fit["checked_total_bytes"] == 722 <= fit["target_bytes"] == 722
+
+
+def test_a_step_xla_could_not_fit_is_the_plans_own_line():
+    could_not_fit = {"limit_bytes": 60 * 2**30, "reached_bytes": 63 * 2**30}
+    lines = _could_not_fit_lines(could_not_fit, "  ")
+    assert lines == [
+        "  XLA's rematerialization could not bring the step under XLA's memory limit of "
+        "60.00 GiB (only to 63.00 GiB): DOES NOT FIT"
+    ]
+    assert not fits(compiled(10, could_not_fit), 100) and fits(compiled(10), 100)

@@ -10,10 +10,12 @@ import jax
 import pytest
 from conftest import ROOT
 
+from transformer_jax import kernels
 from transformer_jax.cli import flags as cli_flags
 from transformer_jax.cli import train as train_cli
 from transformer_jax.cli.main import COMMANDS
-from transformer_jax.training import logs
+from transformer_jax.cli.main import command as command_module
+from transformer_jax.training import logs, loop
 
 MISSING = "/no/such/path"
 # failure kind -> (exit code, {command: its command line with that failure})
@@ -96,7 +98,7 @@ def test_each_failure_kind_has_one_exit_code_in_every_command(
     kind, code, command, argv, tmp_path, monkeypatch, capsys, keep_sigterm
 ):
     monkeypatch.chdir(tmp_path)  # a command that got past the failure writes only here
-    assert COMMANDS[command][0].main(argv) == code
+    assert command_module(command).main(argv) == code
     captured = capsys.readouterr()
     (line,) = captured.err.splitlines()
     assert line.startswith("error: ") and "Traceback" not in line, line
@@ -112,9 +114,9 @@ def test_every_command_has_a_case_of_every_kind_it_can_fail_by():
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
 def test_help_lists_the_commands_own_flags_only(command, capsys, keep_sigterm):
-    assert COMMANDS[command][0].main(["--help"]) == 0
+    assert command_module(command).main(["--help"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith(COMMANDS[command][0].__doc__.rstrip().splitlines()[0])
+    assert out.startswith(command_module(command).__doc__.rstrip().splitlines()[0])
     assert "--flagfile" not in out and "--undefok" not in out and "--verbosity" not in out
     assert ("--multihost" in out) == (command == "train")
     assert ("--config:" in out) == (command in ("train", "prepare", "plan"))
@@ -122,7 +124,7 @@ def test_help_lists_the_commands_own_flags_only(command, capsys, keep_sigterm):
 
 def test_a_command_twice_in_one_process_keeps_nothing_of_the_first(capsys):
     """Flags live in a new FlagValues per call: a value given once is not given again."""
-    average = COMMANDS["average"][0].main
+    average = command_module("average").main
     assert average([f"--workdir={MISSING}", "--last=3"]) == 1
     assert average(["--last=3"]) == 2  # --workdir is required again
     assert capsys.readouterr().err.splitlines()[-1] == "error: --workdir is required"
@@ -138,8 +140,8 @@ def fake_training(monkeypatch):
         seen["hook"], seen["workdir"] = sys.unraisablehook, workdir
         return seen["result"]
 
-    monkeypatch.setattr(train_cli, "configure_process", lambda platform: False)
-    monkeypatch.setattr(train_cli, "train_and_evaluate", train_and_evaluate)
+    monkeypatch.setattr(kernels, "configure_process", lambda platform: False)
+    monkeypatch.setattr(loop, "train_and_evaluate", train_and_evaluate)
     return seen
 
 

@@ -9,7 +9,7 @@ import pytest
 from conftest import ROOT
 
 from transformer_jax import configs
-from transformer_jax.cli.main import COMMANDS, main
+from transformer_jax.cli.main import COMMANDS, command, main
 
 
 def test_usage_lists_every_command_and_a_wrong_one_exits_2(capsys):
@@ -36,7 +36,7 @@ def test_help_keeps_the_descriptions_layout(name):
     result = transformer_jax(name, "--help")
     assert result.returncode == 0, result.stderr
     out = result.stdout.splitlines()
-    doc = COMMANDS[name][0].__doc__
+    doc = command(name).__doc__
     missing = [line for line in doc.strip().splitlines() if line.rstrip() not in out]
     assert not missing, missing
 
@@ -80,3 +80,42 @@ def test_train_loads_a_packaged_config_by_name_outside_the_clone(tmp_path):
     assert result.returncode == 1, result.stderr[-3000:]
     assert "d_model=512 must be divisible by num_heads=7" in result.stderr, result.stderr
     assert not (tmp_path / "run").exists()
+
+
+# Run as the console script runs it, then the heavy libraries that were imported.
+HEAVY = ("jax", "flax", "tensorflow", "orbax", "optax")
+IMPORTED = f"""
+import sys
+from transformer_jax.cli.main import main
+try:
+    status = main(sys.argv[1:])
+finally:
+    print(*sorted(m for m in {HEAVY!r} if m in sys.modules), file=sys.stderr)
+sys.exit(status)
+"""
+# The commands whose command line is parsed before any heavy import: the usage, and the
+# commands without a --config (a run config's schema imports the model's, and JAX with it;
+# download's data package imports JAX).
+LIGHT = [
+    ["--help"],
+    ["trian"],
+    *([name, "--help"] for name in ("translate", "evaluate", "average")),
+    *([name, "--bogus=1"] for name in ("translate", "evaluate", "average")),
+    ["evaluate", "--workdir=run", "--src=a", "--ref=b", "--beam_size=0"],
+]
+
+
+@pytest.mark.parametrize("argv", LIGHT, ids=" ".join)
+def test_usage_help_and_flag_errors_import_no_jax(argv):
+    result = subprocess.run(
+        [sys.executable, "-c", IMPORTED, *argv],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        timeout=120,
+    )
+    *said, heavy = result.stderr.splitlines() or [""]
+    assert heavy == "", f"{argv} imported {heavy}"
+    assert result.returncode == (0 if "--help" in argv else 2), result.stderr
+    if "--help" not in argv and argv != ["trian"]:  # a flag error: one line
+        assert len(said) == 1 and said[0].startswith("error: "), said

@@ -97,6 +97,17 @@ def test_prepared_text_equals_the_in_memory_encoding(tmp_path):
         np.testing.assert_array_equal(getattr(encoded, name), getattr(in_memory, name))
 
 
+def test_a_removed_data_cache_is_prepared_again(tmp_path):
+    config = data_config(source="text", text_dir=write_corpus(tmp_path, n=300))
+    workdir = str(tmp_path / "run")
+    tokenizer = preparation.get_tokenizer(config, workdir, 300)
+    first = pipeline.encoded_split(config, "train", tokenizer, workdir)
+    expected = np.array(first.src)
+    shutil.rmtree(os.path.join(workdir, preparation.CACHE_DIR))
+    again = pipeline.encoded_split(config, "train", tokenizer, workdir)
+    np.testing.assert_array_equal(again.src, expected)
+
+
 @pytest.mark.slow  # trains a tokenizer on 40,000 synthetic pairs (~10 s)
 def test_prepared_synthetic_equals_the_in_memory_encoding(tmp_path):
     found, _, _ = digest(data_config(source="synthetic"), str(tmp_path))
@@ -328,7 +339,7 @@ SHARE = textwrap.dedent(
     """
     import json, sys
     from transformer_jax.data import pipeline, preparation
-    from transformer_jax.training import distributed
+    from transformer_jax.multihost import distributed
     from transformer_jax.training.schema import default_config
 
     port, index, text_dir, workdir = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]

@@ -20,10 +20,10 @@ from transformer_jax.cli.translate import main as translate_main
 from transformer_jax.data import pipeline, preparation, sources
 from transformer_jax.inference.runs import load
 from transformer_jax.kernels import vectors
+from transformer_jax.multihost.signals import Signals
 from transformer_jax.training import checkpoints, loop
 from transformer_jax.training.logs import read_metrics
 from transformer_jax.training.loop import train_and_evaluate
-from transformer_jax.training.signals import Signals
 from transformer_jax.training.validation import validate_config
 
 ROOT = str(REPO_ROOT)

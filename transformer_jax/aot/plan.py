@@ -14,12 +14,17 @@ JSON-able dict:
   ``compile_s``, per device ``param_bytes``, ``optimizer_bytes`` (a mesh's shards),
   ``argument_bytes``, ``temp_bytes``, ``total_bytes`` (arguments + new outputs + temporaries),
   ``memory_bytes`` (the GPU's), ``usable_bytes`` (``memory_fraction`` of it: JAX
-  preallocates 75% by default), ``fits``; ``hlo`` (:func:`.programs.hlo_summary`:
+  preallocates 75% by default), ``could_not_fit`` (None, or XLA's rematerialization
+  failing to reach XLA's memory limit: ``limit_bytes``, ``reached_bytes``,
+  ``original_bytes``; :mod:`.xla_log`), ``fits`` (within ``usable_bytes`` and not
+  ``could_not_fit``); ``hlo`` (:func:`.programs.hlo_summary`:
   collectives with count and bytes per step, cuDNN attention calls, host transfers,
   optimization barriers, products below HIGHEST).
-* ``fit``: the largest ``data.tokens_per_batch`` whose step fits ``usable_bytes``, from a
-  linear fit of the step's total bytes against its rows over two compiles (``rows``,
-  ``total_bytes``), then compiled at the answer (``checked_total_bytes``): ``max_rows_per_device``,
+* ``fit``: the largest ``data.tokens_per_batch`` whose step fits ``target_bytes``
+  (``usable_bytes`` less ``margin``), from a linear fit of the step's total bytes against
+  its rows over two compiles (``rows``, ``total_bytes``), then compiled at the answer
+  (``checked_rows``, ``checked_total_bytes``, ``checked_could_not_fit``; a check that does
+  not fit is retried smaller): ``max_rows_per_device`` (0 when no check fit),
   ``max_tokens_per_device``, ``max_tokens_per_batch`` (global, this topology).
 * ``estimate`` (a roofline estimate, not a measurement): ``flops_per_device``
   (``analysis.costs.training_flops``), ``peak_flops``, ``compute_s``, ``memory_s`` (every
@@ -64,6 +69,8 @@ from transformer_jax.training.validation import validate_config
 
 DEFAULT_MEMORY_FRACTION = 0.75  # XLA_PYTHON_CLIENT_MEM_FRACTION's default
 FIT_FACTOR = 4  # the fit's second compile has this many times the run's rows
+FIT_MARGIN = 0.05  # the largest fit leaves this share of the usable memory free
+FIT_RETRIES = 2  # smaller batches compiled when the checked answer does not fit
 
 
 def _nbytes(tree: Any) -> int:
@@ -114,27 +121,47 @@ def _train_entry(compiled: Compiled, rows: int, length: int, state: Any, gpu: Gp
         "total_bytes": compiled.total_bytes,
         "memory_bytes": gpu.memory_bytes,
         "hlo": compiled.hlo,
+        "could_not_fit": compiled.xla_notes["could_not_fit"],
     }
+
+
+def fits(compiled: Compiled, limit: int) -> bool:
+    """Whether ``compiled`` holds at most ``limit`` bytes and XLA's rematerialization brought
+    it under XLA's own memory limit."""
+    return compiled.total_bytes <= limit and compiled.xla_notes["could_not_fit"] is None
 
 
 def _fit(
     compile_rows: Callable[[int], Compiled], first: Compiled, rows: int, usable: int
 ) -> dict[str, Any]:
-    """The most rows per device whose step fits ``usable`` bytes: a line through two
-    compiles, checked by a third."""
+    """The most rows per device whose step fits ``usable`` bytes less :data:`FIT_MARGIN`: a
+    line through two compiles, checked by compiling the answer (and a smaller one, up to
+    :data:`FIT_RETRIES` times, while the check does not fit)."""
+    target = int(usable * (1 - FIT_MARGIN))
     second_rows = FIT_FACTOR * rows
     second = compile_rows(second_rows)
     per_row = (second.total_bytes - first.total_bytes) / (second_rows - rows)
-    best = rows + int((usable - first.total_bytes) // per_row) if per_row > 0 else rows
-    best = max(best, 0)
-    checked = compile_rows(best) if best > 0 else None
+    best = rows + int((target - first.total_bytes) // per_row) if per_row > 0 else rows
+    best, seconds, checked = max(best, 0), second.seconds, None
+    for retry in range(FIT_RETRIES + 1):
+        if best <= 0:
+            break
+        checked = compile_rows(best)
+        seconds += checked.seconds
+        if fits(checked, target) or retry == FIT_RETRIES:
+            break
+        best = int(best * (1 - FIT_MARGIN))
     return {
-        "method": "linear fit of total bytes against rows (2 compiles), checked by a third",
+        "method": "linear fit of total bytes against rows (2 compiles), checked by compiling it",
+        "margin": FIT_MARGIN,
+        "target_bytes": target,
         "rows": [rows, second_rows],
         "total_bytes": [first.total_bytes, second.total_bytes],
-        "max_rows_per_device": best,
+        "max_rows_per_device": best if checked and fits(checked, target) else 0,
+        "checked_rows": best if checked else None,
         "checked_total_bytes": checked.total_bytes if checked else None,
-        "compile_s": round(second.seconds + (checked.seconds if checked else 0.0), 1),
+        "checked_could_not_fit": checked.xla_notes["could_not_fit"] if checked else None,
+        "compile_s": round(seconds, 1),
     }
 
 
@@ -172,7 +199,7 @@ def make_plan(
     first = compile_rows(rows)
     state = device_state(model, config, devices, kind)
     train = _train_entry(first, rows, length, state, gpu)
-    train |= {"usable_bytes": usable, "fits": first.total_bytes <= usable}
+    train |= {"usable_bytes": usable, "fits": fits(first, usable)}
     plan = {
         "gpu": gpu.name,
         "topology": topology,
@@ -213,6 +240,17 @@ def _gib(num_bytes: float) -> str:
     return f"{num_bytes / 2**30:.2f} GiB"
 
 
+def _could_not_fit_lines(could_not_fit: dict[str, Any] | None, indent: str) -> list[str]:
+    """The plan's line for XLA's rematerialization failing to reach its memory limit."""
+    if could_not_fit is None:
+        return []
+    return [
+        f"{indent}XLA's rematerialization could not bring the step under XLA's memory limit "
+        f"of {_gib(could_not_fit['limit_bytes'])} (only to "
+        f"{_gib(could_not_fit['reached_bytes'])}): DOES NOT FIT"
+    ]
+
+
 def format_plan(plan: dict[str, Any]) -> str:
     """The plan as the lines the command prints."""
     train, est = plan["train"], plan["estimate"]
@@ -234,6 +272,7 @@ def format_plan(plan: dict[str, Any]) -> str:
         f"; arguments {_gib(train['argument_bytes'])}, temporaries {_gib(train['temp_bytes'])}",
         f"  total {_gib(train['total_bytes'])} of {_gib(train['memory_bytes'])} "
         f"(usable {_gib(train['usable_bytes'])}): {'fits' if train['fits'] else 'DOES NOT FIT'}",
+        *_could_not_fit_lines(train["could_not_fit"], "  "),
         f"  collectives per step: {collectives or 'none'}",
         f"  cuDNN attention calls: {hlo['cudnn_attention_calls']}; host transfers: "
         f"{hlo['host_transfers']}; optimization barriers: {hlo['optimization_barriers']}",
@@ -243,13 +282,27 @@ def format_plan(plan: dict[str, Any]) -> str:
         lines.insert(1, f"compiled with {versions}")
     if "fit" in plan:
         fit = plan["fit"]
-        checked = fit["checked_total_bytes"]
-        lines.append(
-            f"largest batch that fits: {fit['max_rows_per_device']} x {train['length']} = "
-            f"{fit['max_tokens_per_device']} tokens per device, data.tokens_per_batch="
-            f"{fit['max_tokens_per_batch']} ({fit['method']}: "
-            f"{_gib(checked) if checked else '-'}; {fit['compile_s']} s)"
-        )
+        method = f"{fit['method']}, {fit['compile_s']} s"
+        if fit["max_rows_per_device"]:
+            lines.append(
+                f"largest batch that fits with {fit['margin']:.0%} of usable memory to spare: "
+                f"{fit['max_rows_per_device']} x {train['length']} = "
+                f"{fit['max_tokens_per_device']} tokens per device, data.tokens_per_batch="
+                f"{fit['max_tokens_per_batch']} (compiled at that size: "
+                f"{_gib(fit['checked_total_bytes'])}; {method})"
+            )
+        else:
+            rows = fit["checked_rows"]
+            lines.append(
+                "largest batch that fits: none found ("
+                + (
+                    f"{rows} x {train['length']} compiled to {_gib(fit['checked_total_bytes'])}"
+                    if rows
+                    else "the fit left no rows"
+                )
+                + f"; {method})"
+            )
+            lines += _could_not_fit_lines(fit["checked_could_not_fit"], "  ")
     lines += [
         f"estimate (roofline, not a measurement): step {est['step_s'] * 1e3:.1f} ms = "
         f"max(compute {est['compute_s'] * 1e3:.1f}, memory {est['memory_s'] * 1e3:.1f}) + "

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import re
+import sys
 import time
 from typing import Any
 
@@ -26,6 +27,7 @@ from jax.sharding import NamedSharding, SingleDeviceSharding
 from jax.sharding import PartitionSpec as P
 
 from transformer_jax.aot.gpus import Gpu, target_config
+from transformer_jax.aot.xla_log import captured_stderr, read_xla_log
 from transformer_jax.inference.decoding import beam_search
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.transformer import Transformer
@@ -87,6 +89,9 @@ class Compiled:
     alias_bytes: int  # outputs written over donated arguments
     temp_bytes: int
     hlo: dict[str, Any]  # hlo_summary of the optimized module
+    xla_notes: dict[str, Any] = dataclasses.field(  # xla_log.read_xla_log's notes
+        default_factory=lambda: {"could_not_fit": None, "slow_compile_alarms": 0}
+    )
 
     @property
     def total_bytes(self) -> int:
@@ -95,10 +100,15 @@ class Compiled:
 
 
 def compile_program(fn: Any, *args: Any) -> Compiled:
-    """Lower and compile the jitted/pmapped ``fn`` for ``args`` (abstract, with shardings)."""
+    """Lower and compile the jitted/pmapped ``fn`` for ``args`` (abstract, with shardings);
+    XLA's log of the compile is read into ``xla_notes``, its other lines passed on."""
     start = time.perf_counter()
-    compiled = fn.lower(*args).compile()
+    with captured_stderr() as log:
+        compiled = fn.lower(*args).compile()
     seconds = time.perf_counter() - start
+    notes, others = read_xla_log(log[0])
+    for line in others:
+        print(line, file=sys.stderr)
     memory = compiled.memory_analysis()
     return Compiled(
         seconds=seconds,
@@ -107,6 +117,7 @@ def compile_program(fn: Any, *args: Any) -> Compiled:
         alias_bytes=memory.alias_size_in_bytes,
         temp_bytes=memory.temp_size_in_bytes,
         hlo=hlo_summary(compiled.as_text()),
+        xla_notes=notes,
     )
 
 

@@ -16,7 +16,6 @@ from collections.abc import Sequence
 from absl import flags
 
 from transformer_jax.cli.flags import no_arguments, run
-from transformer_jax.training.averaging import average_checkpoints
 
 
 def define_flags(values: flags.FlagValues, argv: list[str]) -> None:
@@ -32,6 +31,8 @@ def define_flags(values: flags.FlagValues, argv: list[str]) -> None:
 
 
 def _average(values: flags.FlagValues, positional: list[str]) -> None:
+    from transformer_jax.training.averaging import average_checkpoints
+
     no_arguments(positional)
     steps, directory = average_checkpoints(values.workdir, values.last)
     print(f"averaged the parameters of steps {steps} into {directory}")

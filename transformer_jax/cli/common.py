@@ -11,11 +11,6 @@ from typing import Any
 from absl import flags
 
 from transformer_jax.cli.flags import define_cache_flags
-from transformer_jax.compilation_cache import use_cache_flags
-from transformer_jax.data.sources import read_lines as read_lines_of
-from transformer_jax.data.sources import split_lines
-from transformer_jax.inference.runs import load_models
-from transformer_jax.inference.translation import translate_lines
 
 
 def define_decode_flags(values: flags.FlagValues) -> None:
@@ -70,6 +65,10 @@ def translate(values: flags.FlagValues, lines: list[str]) -> tuple[Any, dict[str
     """``lines`` translated with the runs and decoding flags of ``values``: ``(the first
     run's config, the decoding options used, the translations)``. The library's warnings
     are ``WARNING: message`` lines on stderr."""
+    from transformer_jax.compilation_cache import use_cache_flags
+    from transformer_jax.inference.runs import load_models
+    from transformer_jax.inference.translation import translate_lines
+
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
     use_cache_flags(values)
     run_config, config, params, tokenizer = load_models(values.workdir, values.checkpoint)
@@ -80,6 +79,9 @@ def translate(values: flags.FlagValues, lines: list[str]) -> tuple[Any, dict[str
 def read_lines(path: str | None) -> list[str]:
     """Lines of the UTF-8 file ``path``, or of stdin when ``path`` is None
     (:func:`transformer_jax.data.sources.split_lines`)."""
+    from transformer_jax.data.sources import read_lines as read_lines_of
+    from transformer_jax.data.sources import split_lines
+
     if path is None:
         return split_lines(sys.stdin.buffer.read(), "stdin")
     if not os.path.isfile(path):

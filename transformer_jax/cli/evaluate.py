@@ -31,7 +31,6 @@ from absl import flags
 
 from transformer_jax.cli.common import define_decode_flags, read_lines, translate
 from transformer_jax.cli.flags import no_arguments, run
-from transformer_jax.inference.bleu import bleu, check_pairs, tokenized_bleu
 
 
 def define_flags(values: flags.FlagValues, argv: list[str]) -> None:
@@ -45,6 +44,8 @@ def define_flags(values: flags.FlagValues, argv: list[str]) -> None:
 
 def report(hypotheses: Sequence[str], references: Sequence[str], lang: str) -> str:
     """The two BLEU lines printed by the command."""
+    from transformer_jax.inference.bleu import bleu, tokenized_bleu
+
     detok = bleu(hypotheses, references)
     tok = tokenized_bleu(hypotheses, references, lang)
     style = "Moses-tokenized" + (", compounds split" if lang == "de" else "")
@@ -57,6 +58,8 @@ def report(hypotheses: Sequence[str], references: Sequence[str], lang: str) -> s
 
 
 def _evaluate(values: flags.FlagValues, positional: list[str]) -> None:
+    from transformer_jax.inference.bleu import check_pairs
+
     no_arguments(positional)
     out = values.out or f"{values.src}.hyp"
     sources, references = read_lines(values.src), read_lines(values.ref)

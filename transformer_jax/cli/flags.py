@@ -8,6 +8,10 @@ command defines its flags in a new ``FlagValues`` (not absl's global ``FLAGS``):
 lists that command's flags only, importing a command defines nothing, and a command runs
 twice in one process with nothing left from the first run.
 
+A command parses its command line before it imports the library it runs (inside the
+function that runs it): ``--help`` and a rejected flag import no JAX, unless the command's
+``--config`` loads a run config (its schema imports the model's).
+
 Exit codes, the same in every command (README, Exit codes):
 
 - 0: done;
@@ -31,8 +35,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from transformer_jax.configs import NAMES, config_file
-from transformer_jax.preemption import EXIT_PREEMPTED  # noqa: F401 (one of the exit codes)
-from transformer_jax.training import schema
+from transformer_jax.multihost.preemption import EXIT_PREEMPTED  # noqa: F401 (one of the exit codes)
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 HELP = ("-h", "--help", "--helpshort", "--helpfull", "-?")
@@ -73,7 +76,7 @@ def run(
         values = flags.FlagValues()
         define(values, argv)
         if any(arg in HELP for arg in argv[1:]):
-            fields = f"\n\n{schema.help_text()}" if "config" in values else ""
+            fields = f"\n\n{config_fields_help()}" if "config" in values else ""
             print(f"{doc.rstrip()}\n\nflags:\n{flags_help(values)}{fields}")
             return EXIT_OK
         positional = _parse(values, argv)[1:]
@@ -82,6 +85,14 @@ def run(
         return _error(str(e), e.code)
     except (ValueError, OSError) as e:
         return _error(str(e), EXIT_ERROR)
+
+
+def config_fields_help() -> str:
+    """The run config's fields (``--help`` of a command with ``--config``), from the schema
+    that loading the config imported."""
+    from transformer_jax.training import schema
+
+    return schema.help_text()
 
 
 def _error(message: str, code: int) -> int:

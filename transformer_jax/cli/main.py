@@ -3,33 +3,39 @@
 Runs the command's ``main`` (``transformer-jax train --config base`` is
 ``python train.py --config base``); ``transformer-jax COMMAND --help`` shows its flags.
 Every command parses its flags and exits the same way (:mod:`transformer_jax.cli.flags`).
+A command's module is imported once it is the one named: the usage and an unknown command
+import no library.
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
 from collections.abc import Sequence
 from types import ModuleType
 
-from transformer_jax.cli import average, download, evaluate, plan, prepare, train, translate
-
-# command -> (its module, whose main(argv) runs it and returns its exit code; what it does,
-# for the usage)
-COMMANDS: dict[str, tuple[ModuleType, str]] = {
-    "train": (train, "train and evaluate a run (python train.py); rerun to resume"),
-    "translate": (translate, "translate sentences with a trained run (beam search)"),
-    "evaluate": (evaluate, "translate a test set and score it with BLEU"),
-    "average": (average, "average a run's last checkpoints (paper §6.1)"),
-    "download": (download, "download a data set (Multi30k) for the text source"),
-    "prepare": (prepare, "tokenize and binarize a run's data splits (train.py does it if absent)"),
-    "plan": (plan, "compile a run's GPU programs without a GPU: memory, batch, step time"),
+# command -> what it does, for the usage; its module transformer_jax.cli.<command> has the
+# main(argv) that runs it and returns its exit code
+COMMANDS: dict[str, str] = {
+    "train": "train and evaluate a run (python train.py); rerun to resume",
+    "translate": "translate sentences with a trained run (beam search)",
+    "evaluate": "translate a test set and score it with BLEU",
+    "average": "average a run's last checkpoints (paper §6.1)",
+    "download": "download a data set (Multi30k) for the text source",
+    "prepare": "tokenize and binarize a run's data splits (train.py does it if absent)",
+    "plan": "compile a run's GPU programs without a GPU: memory, batch, step time",
 }
 PROG = "transformer-jax"
 
 
+def command(name: str) -> ModuleType:
+    """The module of the command ``name``, imported now."""
+    return importlib.import_module(f"transformer_jax.cli.{name}")
+
+
 def usage() -> str:
     lines = [f"usage: {PROG} COMMAND [FLAGS]   ({PROG} COMMAND --help: its flags)", ""]
-    lines += [f"  {name:<10} {what}" for name, (_, what) in COMMANDS.items()]
+    lines += [f"  {name:<10} {what}" for name, what in COMMANDS.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -44,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"{PROG}: unknown command {name!r}\n\n{usage()}", end="", file=sys.stderr)
         return 2
-    return COMMANDS[name][0].main(rest)
+    return command(name).main(rest)
 
 
 if __name__ == "__main__":

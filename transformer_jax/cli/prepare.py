@@ -36,8 +36,6 @@ from transformer_jax.cli.flags import (
     define_config_flag,
     run,
 )
-from transformer_jax.data.preparation import prepare_run_data, run_splits
-from transformer_jax.training.validation import validate_config
 
 RESUME = "rerun to resume from the chunks already written"
 
@@ -57,6 +55,9 @@ def _stopped(signum: int, frame: FrameType | None) -> None:
 
 
 def _prepare(values: flags.FlagValues, positional: list[str]) -> None:
+    from transformer_jax.data.preparation import prepare_run_data, run_splits
+    from transformer_jax.training.validation import validate_config
+
     config, workdir = config_and_workdir(values, positional)
     if values.data_dir is not None:
         config.data.data_dir = values.data_dir

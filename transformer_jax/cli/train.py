@@ -37,7 +37,6 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import jax
 import ml_collections
 from absl import flags, logging
 
@@ -50,13 +49,7 @@ from transformer_jax.cli.flags import (
     define_config_flag,
     run,
 )
-from transformer_jax.compilation_cache import use_cache_flags
-from transformer_jax.kernels import configure_process
-from transformer_jax.preemption import exit_on_sigterm
-from transformer_jax.training import distributed, peers
-from transformer_jax.training.checkpoints import CHECKPOINT_DIR, CONFIG_FILE
-from transformer_jax.training.logs import METRICS_FILE
-from transformer_jax.training.loop import train_and_evaluate
+from transformer_jax.multihost.preemption import exit_on_sigterm
 
 _STOPPED = {"SIGTERM": EXIT_PREEMPTED, "SIGINT": EXIT_INTERRUPTED}
 
@@ -127,12 +120,21 @@ def quiet_orbax() -> Iterator[None]:
 
 def where_saved(workdir: str) -> str:
     """The line naming what a run keeps in ``workdir``."""
+    from transformer_jax.training.checkpoints import CHECKPOINT_DIR, CONFIG_FILE
+    from transformer_jax.training.logs import METRICS_FILE
+
     kept = (CHECKPOINT_DIR, CONFIG_FILE, METRICS_FILE)
     return f"workdir: {os.path.abspath(workdir)} ({', '.join(kept)})"
 
 
 def _train(values: flags.FlagValues, positional: list[str]) -> int:
     """Train and evaluate the run of the parsed flags; the exit code of how it ended."""
+    import jax
+
+    from transformer_jax.compilation_cache import use_cache_flags
+    from transformer_jax.kernels import configure_process
+    from transformer_jax.multihost import distributed, peers
+
     config, workdir = config_and_workdir(values, positional)
     logging.set_verbosity(logging.WARNING)  # Orbax logs every file it writes at INFO
     multihost = False
@@ -172,6 +174,10 @@ def _train(values: flags.FlagValues, positional: list[str]) -> int:
 
 def _run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     """train_and_evaluate, the workdir named before and after (by process 0)."""
+    import jax
+
+    from transformer_jax.training.loop import train_and_evaluate
+
     first = jax.process_index() == 0
     if first:
         print(f"workdir: {os.path.abspath(workdir)}", flush=True)

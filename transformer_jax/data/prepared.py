@@ -177,6 +177,7 @@ def write_split(
     ``path`` meanwhile, that split's ``info.json``."""
     dtype = token_dtype(vocab_size)
     partial = f"{path}.partial-{chunk_pairs}"
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)  # a removed data_cache comes back
     with _locked(f"{path}.lock"):
         if not os.path.isdir(path):
             _write_partial(partial, chunks, counts, dtype)

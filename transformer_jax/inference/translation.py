@@ -17,7 +17,7 @@ import numpy as np
 from transformer_jax.data.tokenizer import EOS_ID, PAD_ID, Tokenizer
 from transformer_jax.inference.decoding import beam_search, greedy_search
 from transformer_jax.model.config import TransformerConfig
-from transformer_jax.training.distributed import sum_over_processes
+from transformer_jax.multihost.distributed import sum_over_processes
 
 log = logging.getLogger(__name__)
 

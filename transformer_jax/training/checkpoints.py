@@ -22,7 +22,7 @@ from jax.experimental import multihost_utils
 
 from transformer_jax.model.config import from_config_dict
 from transformer_jax.model.transformer import parameter_shapes
-from transformer_jax.training.distributed import any_process
+from transformer_jax.multihost.distributed import any_process
 from transformer_jax.training.integrity import (
     abandoned_reads,
     checksums,

@@ -13,7 +13,7 @@ import ml_collections
 from tqdm import tqdm
 
 from transformer_jax.data.batching import Batch, TrainIterator, token_counts
-from transformer_jax.training.distributed import sum_over_processes
+from transformer_jax.multihost.distributed import sum_over_processes
 from transformer_jax.training.loss import summarize
 
 METRICS_FILE = "metrics.jsonl"

@@ -7,7 +7,7 @@ after the saved iterator position, so a resumed run repeats an uninterrupted one
 SIGTERM and SIGINT (Ctrl-C) make the loop checkpoint and return after the current step;
 SIGUSR1 makes it save the current parameters in ``{workdir}/snapshots/{step}`` and go on
 (translate and evaluate load them with ``--checkpoint snapshots/STEP``); see
-:mod:`transformer_jax.training.signals`.
+:mod:`transformer_jax.multihost.signals`.
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ from tqdm import tqdm
 
 from transformer_jax import data as data_lib
 from transformer_jax.model.config import TransformerConfig
+from transformer_jax.multihost.distributed import entered_by_process_zero
+from transformer_jax.multihost.signals import Handler, Signals
 from transformer_jax.training import checkpoints
-from transformer_jax.training.distributed import entered_by_process_zero
 from transformer_jax.training.evaluator import Evaluator, describe
 from transformer_jax.training.logs import (
     METRICS_FILE,
@@ -37,7 +38,6 @@ from transformer_jax.training.logs import (
 )
 from transformer_jax.training.prefetch import StepBatches
 from transformer_jax.training.run import Run, run_schedule, start_run
-from transformer_jax.training.signals import Handler, Signals
 from transformer_jax.training.validation import check_host, validate_config
 from transformer_jax.training.workdir import lock_workdir
 

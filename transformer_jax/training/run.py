@@ -14,10 +14,11 @@ import jax.numpy as jnp
 import ml_collections
 
 from transformer_jax import data as data_lib
+from transformer_jax.fields import flatten
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.transformer import Transformer
+from transformer_jax.multihost.distributed import from_process_zero
 from transformer_jax.training import checkpoints
-from transformer_jax.training.distributed import from_process_zero
 from transformer_jax.training.mesh import MeshParallel, make_parallel
 from transformer_jax.training.optimizer import (
     transformer_optimizer,
@@ -31,21 +32,11 @@ from transformer_jax.training.steps import TrainState, create_train_state
 CONFIG_HISTORY_FILE = "config_history.jsonl"
 
 
-def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            flat.update(_flat(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
 def config_changes(saved: dict[str, Any], config: ml_collections.ConfigDict) -> dict[str, tuple]:
     """``{field: (saved value, new value)}`` of the fields that differ; a field the saved
     config lacks (saved before the field existed) counts as its default."""
-    defaults = _flat(json.loads(default_config().to_json()))
-    old, new = defaults | _flat(saved), _flat(json.loads(config.to_json()))
+    defaults = flatten(json.loads(default_config().to_json()))
+    old, new = defaults | flatten(saved), flatten(json.loads(config.to_json()))
     return {k: (old[k], new[k]) for k in new if k in old and old[k] != new[k]}
 
 

@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 from conftest import ROOT as REPO_ROOT
 
-from transformer_jax.training import checkpoints, distributed
+from transformer_jax.multihost import distributed, peers
+from transformer_jax.training import checkpoints
 from transformer_jax.training.logs import read_metrics
 from transformer_jax.training.workdir import lock_workdir
 
@@ -112,30 +113,42 @@ def test_coordinator_address_from_the_environment():
     assert arguments["coordinator_address"] == "h:9"
 
 
-def test_the_client_gets_an_error_callback_while_connecting_and_only_then(monkeypatch):
-    made = []
-    runtime = type("Runtime", (), {})()
-    runtime.get_distributed_runtime_client = lambda *a, **kw: made.append(kw)
-    monkeypatch.setattr(distributed.jax_distributed, "_jax", runtime)
-    with distributed._connect_errors_raised():
-        runtime.get_distributed_runtime_client("h:9", 1, init_timeout=5)
-    runtime.get_distributed_runtime_client("h:9", 1)
-    assert callable(made[0].pop("missed_heartbeat_callback"))
-    assert made == [{"init_timeout": 5}, {}]
-    monkeypatch.setattr(distributed.jax_distributed, "_jax", None)  # a jax without it
-    with distributed._connect_errors_raised():
-        pass
+def test_a_launch_difference_names_the_field_and_both_values():
+    mine = {"num_processes": 2, "config": {"train": {"num_steps": 20, "seed": 0}}}
+    theirs = {"num_processes": 2, "config": {"train": {"num_steps": 10, "seed": 0}}}
+    assert peers._differences(mine, mine, 1) is None
+    assert peers._differences(mine, theirs, 0) == (
+        "the config differs from process 0's: train.num_steps=10 there, 20 here"
+    )
+    newer = {"num_processes": 2, "config": {"train": {"num_steps": 10, "seed": 0, "new": 1}}}
+    assert peers._differences(newer, theirs, 0).endswith("train.new=None there, 1 here")
+    assert peers._differences({**mine, "num_processes": 3}, theirs, 1) == (
+        "--num_processes=3 here but 2 on process 1"
+    )
+
+
+def test_the_coordinator_process_finds_the_package_this_process_found(monkeypatch):
+    """``python train.py`` found the package in its script's folder alone: the child
+    (``-m transformer_jax.multihost.coordinator``) gets that folder on PYTHONPATH."""
+    assert distributed.with_package_on_path({"A": "1"}) == {"A": "1"}  # on sys.path: as is
+    elsewhere = [p for p in sys.path if os.path.abspath(p) != ROOT]
+    monkeypatch.setattr(sys, "path", [ROOT, *elsewhere])
+    env = distributed.with_package_on_path({"PYTHONPATH": "/x"})
+    assert env["PYTHONPATH"] == os.pathsep.join([ROOT, "/x"])
 
 
 def test_process_zeros_coordination_service_outlives_it_for_the_grace_time_only():
     """Started as process 0 starts it: ready, then gone ``grace`` s after process 0's end
     (stdin closed without ``done``), or at once after ``done``."""
-    script = os.path.join(os.path.dirname(distributed.__file__), "coordinator.py")
+    module = "transformer_jax.multihost.coordinator"
+    env = distributed.with_package_on_path({k: v for k, v in os.environ.items()})
     for said, lives in ((b"", 3), (b"done\n", 0)):
         child = subprocess.Popen(
-            [sys.executable, script, f"[::]:{free_port()}", "2", "60", str(lives)],
+            [sys.executable, "-m", module, f"[::]:{free_port()}", "2", "60", str(lives)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
+            env=env,
+            cwd="/",  # the package is found through PYTHONPATH alone
         )
         assert child.stdout.readline() == b"ready\n"
         child.stdin.write(said)
@@ -182,7 +195,7 @@ COLLECTIVES = textwrap.dedent(
     """
     import sys
     import jax
-    from transformer_jax.training import distributed
+    from transformer_jax.multihost import distributed, peers
 
     port, index = sys.argv[1], int(sys.argv[2])
     assert distributed.initialize(False, coordinator_address=f"127.0.0.1:{port}",
@@ -592,7 +605,7 @@ EVAL_TRANSLATIONS = textwrap.dedent(
     from transformer_jax.inference.translation import translate_lines
     from transformer_jax.model.config import TransformerConfig
     from transformer_jax.model.transformer import Transformer
-    from transformer_jax.training import distributed
+    from transformer_jax.multihost import distributed, peers
 
     port, index, path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     assert distributed.initialize(False, coordinator_address=f"127.0.0.1:{port}",

@@ -2,8 +2,9 @@
 
 JAX hosts the service inside process 0: a killed process 0 takes it along, and JAX's client
 then aborts every other process with a C++ dump. :func:`.distributed.initialize` starts
-this script as process 0's child instead (``python coordinator.py BIND PROCESSES
-HEARTBEAT_S GRACE_S``), in a session of its own (a Ctrl-C or a launcher's signal is
+this module as process 0's child instead (``python -m transformer_jax.multihost.coordinator
+BIND PROCESSES HEARTBEAT_S GRACE_S``; it imports the service alone: no JAX client, backends
+or jax package), in a session of its own (a Ctrl-C or a launcher's signal is
 process 0's to act on). It prints ``ready`` once the service listens, then reads its
 stdin: ``done`` (the run ended) stops the service once process 0 closes stdin; the end of
 stdin without it (process 0 died) keeps the service ``GRACE_S`` seconds more, long enough
@@ -16,14 +17,12 @@ import os
 import sys
 import time
 
-from jaxlib import _jax  # the service alone: no JAX client, backends or jax package
+from transformer_jax.multihost.jax_private import coordination_service
 
 
 def main(bind: str, num_processes: int, heartbeat_s: int, grace_s: float) -> None:
     """Run the service until process 0 says ``done`` or ``grace_s`` after it is gone."""
-    service = _jax.get_distributed_runtime_service(
-        bind, num_processes, heartbeat_timeout=heartbeat_s, shutdown_timeout=heartbeat_s
-    )
+    service = coordination_service(bind, num_processes, heartbeat_s)
     print("ready", flush=True)
     if sys.stdin.readline().strip() == "done":
         sys.stdin.read()  # until process 0 has closed its end: its client is gone

@@ -15,7 +15,7 @@ import signal
 from collections.abc import Callable
 from typing import Any
 
-from transformer_jax.training.distributed import any_process
+from transformer_jax.multihost.distributed import any_process
 
 Handler = Callable[[int, Any], Any] | int  # one signal.signal installs (SIG_IGN, SIG_DFL: ints)
 

@@ -28,10 +28,11 @@ from typing import Any, NoReturn
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax._src import distributed as jax_distributed
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
+
+from transformer_jax.multihost import coordinator, jax_private
 
 LAUNCH_FLAGS = ("coordinator_address", "num_processes", "process_id")
 
@@ -125,10 +126,14 @@ def initialize(
     than ``peer_timeout``, the time :mod:`.peers` gives a silent process. Process 0 (given
     by the flags) hosts the coordination service in a child process (:mod:`.coordinator`),
     so that the others outlive a killed process 0 long enough to end with one line.
+    ValueError, before connecting, if the installed jax lacks a private name that a run of
+    several processes uses (:mod:`.jax_private`).
     """
     arguments = launch_arguments(multihost, **launch)
     if arguments is None:
         return False
+    if missing := jax_private.missing():
+        raise ValueError(missing[0])
     address = arguments["coordinator_address"] or "the launcher's coordinator"
     failed = (
         f"the {arguments['num_processes'] or 'launched'} processes did not all connect to "
@@ -145,7 +150,7 @@ def initialize(
             arguments["coordinator_bind_address"] = _start_coordinator(
                 arguments, heartbeat_s, grace_s=peer_timeout + 15
             )
-        with _connect_errors_raised():
+        with jax_private.connect_errors_raised():
             jax.distributed.initialize(
                 **arguments,
                 initialization_timeout=int(initialization_timeout) + 30,
@@ -170,11 +175,11 @@ def _start_coordinator(arguments: Mapping[str, Any], heartbeat_s: int, grace_s: 
     global _coordinator
     port = arguments["coordinator_address"].rsplit(":", 1)[1]
     bind = os.environ.get("JAX_COORDINATOR_BIND_ADDRESS", f"[::]:{port}")
-    script = os.path.join(os.path.dirname(__file__), "coordinator.py")
     errors = tempfile.TemporaryFile()
-    command = [sys.executable, script, bind, str(arguments["num_processes"])]
+    command = [sys.executable, "-m", coordinator.__name__, bind, str(arguments["num_processes"])]
     _coordinator = subprocess.Popen(
         [*command, str(heartbeat_s), str(grace_s)],
+        env=with_package_on_path(os.environ),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=errors,
@@ -209,27 +214,15 @@ def finish() -> None:
     _coordinator_done(wait=True)
 
 
-@contextlib.contextmanager
-def _connect_errors_raised() -> Iterator[None]:
-    """Give the coordination client an error callback: without one, an error while
-    connecting (e.g. a second process with the same id) aborts the process with a C++
-    dump; with one, JAX 0.10 raises it from ``connect`` (the callback itself cannot be
-    called with the error, so the error is what reaches Python). A patch of JAX's private
-    client factory, used where it exists: ``jax.distributed.initialize`` takes no callback."""
-    runtime = getattr(jax_distributed, "_jax", None)
-    make = getattr(runtime, "get_distributed_runtime_client", None)
-    if make is None:  # another jax: its own behaviour on connection errors
-        yield
-        return
-
-    def with_callback(*args: Any, **kwargs: Any) -> Any:
-        return make(*args, missed_heartbeat_callback=lambda *_: None, **kwargs)
-
-    runtime.get_distributed_runtime_client = with_callback
-    try:
-        yield
-    finally:
-        runtime.get_distributed_runtime_client = make
+def with_package_on_path(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` for a child process that imports this same transformer_jax: the folder
+    holding the package goes first on PYTHONPATH where only this process's first path
+    entry (``python train.py``'s folder) found it."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if root in (os.path.abspath(path) for path in sys.path[1:]):
+        return dict(environ)  # found there by a child as well (installed, or PYTHONPATH)
+    paths = [root, *filter(None, environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return {**environ, "PYTHONPATH": os.pathsep.join(paths)}
 
 
 _ending = threading.Lock()
@@ -249,7 +242,8 @@ def end(message: str, code: int = 1) -> NoReturn:
             time.sleep(1)
     sys.stdout.flush()
     print(f"error: {message}", file=sys.stderr, flush=True)
-    client, me = jax_distributed.global_state.client, jax_distributed.global_state.process_id
+    state = jax_private.global_state()
+    client, me = state.client, state.process_id
     if not _connected:  # no process got past connecting: none needs the service
         _coordinator_done(wait=False)
     try:
@@ -257,10 +251,7 @@ def end(message: str, code: int = 1) -> NoReturn:
             client.key_value_set(f"{_ENDED}{me}", "")
         deadline = time.monotonic() + 5
         while _connected and me == 0 and time.monotonic() < deadline:
-            if (
-                len(client.key_value_dir_get(_ENDED))
-                >= jax_distributed.global_state.num_processes - 1
-            ):
+            if len(client.key_value_dir_get(_ENDED)) >= state.num_processes - 1:
                 _coordinator_done(wait=False)  # else it outlives this process a while
                 break
             time.sleep(0.1)

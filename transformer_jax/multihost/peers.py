@@ -21,10 +21,10 @@ from typing import Any
 
 import jax
 import ml_collections
-from jax._src.distributed import global_state
 
-from transformer_jax.training.distributed import end
-from transformer_jax.training.run import config_changes
+from transformer_jax.fields import flatten
+from transformer_jax.multihost.distributed import end
+from transformer_jax.multihost.jax_private import global_state
 
 _PREFIX = "transformer_jax"
 
@@ -35,7 +35,9 @@ def _differences(mine: dict[str, Any], theirs: dict[str, Any], other: int) -> st
             f"--num_processes={mine['num_processes']} here but {theirs['num_processes']} on "
             f"process {other}"
         )
-    changes = config_changes(theirs["config"], ml_collections.ConfigDict(mine["config"]))
+    there, here = flatten(theirs["config"]), flatten(mine["config"])
+    fields = [*there, *(k for k in here if k not in there)]
+    changes = {k: (there.get(k), here.get(k)) for k in fields if there.get(k) != here.get(k)}
     if changes:
         listed = ", ".join(f"{k}={old!r} there, {new!r} here" for k, (old, new) in changes.items())
         return f"the config differs from process {other}'s: {listed}"
@@ -46,7 +48,7 @@ def agree(config: ml_collections.ConfigDict, num_processes: int | None, timeout_
     """ValueError naming the first launch argument that differs between this process and
     process 0 (on process 0: any other), or a process that did not publish its own within
     ``timeout_s``. Every process calls it once, right after initialization."""
-    client, me = global_state.client, jax.process_index()
+    client, me = global_state().client, jax.process_index()
     config_json = json.loads(config.to_json())
     mine = {"num_processes": num_processes or jax.process_count(), "config": config_json}
     client.key_value_set(f"{_PREFIX}/launch/{me}", json.dumps(mine))
@@ -84,7 +86,7 @@ def watch(timeout_s: float) -> Callable[[], None]:
 
 
 def _heartbeat(timeout_s: float, finished: threading.Event) -> None:
-    client, me = global_state.client, jax.process_index()
+    client, me = global_state().client, jax.process_index()
     start = time.monotonic()
     heard = dict.fromkeys(range(jax.process_count()), start)  # -1: the coordinator
     heard[-1] = start
