@@ -106,7 +106,7 @@ def first_fit(src: np.ndarray, tgt: np.ndarray, rows: int, max_len: int) -> tupl
             break
         first = bisect.bisect_left(picked, head)
         skip, last = (0, 0), first
-        while True:  # the run's end, longer by the pairs in it taken already, up to `end`
+        while True:  # the run's end, past the pairs in it that earlier rows took (`skip`)
             end = (
                 min(
                     bisect.bisect_right(s_sum, s_sum[head] + max_len + skip[0]),
