@@ -69,31 +69,32 @@ class MergeTable:
         first = np.zeros(len(piece), bool)
         first[(np.cumsum(counts) - counts)[counts > 0]] = True
         word = np.cumsum(first | self.word_start[piece]) - 1  # ascending, one per word
-        text_of_word = np.repeat(np.arange(len(counts)), counts)[
-            np.flatnonzero(np.diff(word, prepend=-1))
-        ]
-        dropped = np.zeros(len(piece), bool)  # the pair (i, i + 1) dropped
+        opens = np.flatnonzero(np.diff(word, prepend=-1))
+        text_of_word = np.repeat(np.arange(len(counts)), counts)[opens]
+        # each symbol's pair with its right neighbour: its rank (_NONE: none, or dropped)
+        rank, at = np.full(len(piece), _NONE, np.int32), np.zeros(len(piece), np.int64)
+        self._pairs(piece, word, rank, at, np.arange(len(piece)))
         done_words, done_pieces = [], []
         while len(piece):
-            pairs, at = self._pairs(piece, word, dropped)
-            starts = np.flatnonzero(np.diff(word, prepend=-1))
-            best = np.minimum.reduceat(pairs, starts)
-            local = np.cumsum(np.diff(word, prepend=-1) != 0) - 1  # each symbol's word here
-            top = np.flatnonzero((pairs == best[local]) & (pairs != _NONE))
+            opens = np.flatnonzero(np.diff(word, prepend=-1))
+            best = np.minimum.reduceat(rank, opens)
+            local = np.repeat(np.arange(len(opens)), np.diff(opens, append=len(piece)))
+            top = np.flatnonzero((rank == best[local]) & (rank != _NONE))
             top = top[np.diff(local[top], prepend=-1) != 0]  # the leftmost of each word
             drop = rng.random(len(top)) < dropout
-            dropped[top[drop]] = True
+            rank[top[drop]] = _NONE  # dropped for good: a new pair arises only by a merge
             merge = top[~drop]
             piece[merge] = self.merged[at[merge]]
-            dropped[merge] = False  # (i, new right neighbour): a new pair
-            before = merge[merge > 0] - 1
-            dropped[before[word[before] == word[before + 1]]] = False  # (left neighbour, i)
             finished = (best == _NONE)[local]
             done_words.append(word[finished])
             done_pieces.append(piece[finished])
             keep = ~finished
             keep[merge + 1] = False
-            piece, word, dropped = piece[keep], word[keep], dropped[keep]
+            moved = np.cumsum(keep) - 1  # where each kept symbol goes
+            piece, word, rank, at = piece[keep], word[keep], rank[keep], at[keep]
+            merge = moved[merge]
+            changed = np.concatenate([merge, merge[merge > 0] - 1])  # (left, i) and (i, right)
+            self._pairs(piece, word, rank, at, changed)
         words = np.concatenate([np.zeros(0, np.int64), *done_words])
         order = np.argsort(words, kind="stable")
         ids = np.concatenate([np.zeros(0, np.int32), *done_pieces])[order]
@@ -102,16 +103,17 @@ class MergeTable:
         return ids, lengths
 
     def _pairs(
-        self, piece: np.ndarray, word: np.ndarray, dropped: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """For each symbol, the rank of the pair it opens with its right neighbour (``_NONE``
-        for none or a dropped one) and where that pair is in the table."""
-        key = piece[:-1].astype(np.int64) * self.size + piece[1:]
-        at = np.minimum(np.searchsorted(self.keys, key), max(len(self.keys) - 1, 0))
-        found = (word[1:] == word[:-1]) & ~dropped[:-1]
-        if len(self.keys):
-            found &= self.keys[at] == key
-        else:
-            found[:] = False
-        ranks = np.where(found, self.rank[at] if len(self.keys) else 0, _NONE)
-        return np.append(ranks, _NONE).astype(np.int32), np.append(at, 0)
+        self, piece: np.ndarray, word: np.ndarray, rank: np.ndarray, at: np.ndarray, i: np.ndarray
+    ) -> None:
+        """``rank`` and ``at`` (where in the table) of the pairs opened by the symbols ``i``
+        with their right neighbours, looked up anew."""
+        rank[i] = _NONE
+        i = i[i + 1 < len(piece)]
+        i = i[word[i + 1] == word[i]]
+        if not len(i) or not len(self.keys):
+            return
+        key = piece[i].astype(np.int64) * self.size + piece[i + 1]
+        where = np.minimum(np.searchsorted(self.keys, key), len(self.keys) - 1)
+        found = self.keys[where] == key
+        rank[i[found]] = self.rank[where[found]]
+        at[i[found]] = where[found]

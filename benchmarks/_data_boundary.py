@@ -1,0 +1,111 @@
+"""``data_pipeline.py --boundary N``: the training thread's wait for batches across a BPE-dropout
+epoch boundary at N pairs (Multi30k repeated), with the next epoch sampled ahead.
+
+The corpus is ``shared/data/multi30k``'s training pairs repeated to N lines (validation
+and test: its own). A run with ``data.bpe_dropout`` 0.1 and the base batching
+(``data.tokens_per_batch`` 25,000, ``data.max_len`` 256, 8 shards) is prepared (tokenizer,
+prepared split, sources); then, in a process of its own, its training iterator feeds
+``train.prefetch`` = 2 steps ahead (:class:`StepBatches`, the training loop's) a training thread
+that sleeps ``--step-ms`` per step in place of the devices, through the whole first epoch and
+``TAIL`` steps into the second. Each step's wait is :attr:`StepBatches.last_wait`, the loop's
+``host_wait``. Epoch 1 is sampled meanwhile by ``data.prepare_workers`` (0: one per core)
+processes. ``--no-ahead`` times the same boundary with epoch 1 sampled only when it is opened
+(by the same workers), as a reference.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import shutil
+import time
+from typing import Any
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MULTI30K = next(  # shared/ beside the checkout (or beside its worktrees' folder)
+    (
+        p
+        for p in (f"{_ROOT}/../shared/data/multi30k", f"{_ROOT}/../../shared/data/multi30k")
+        if os.path.isdir(p)
+    ),
+    f"{_ROOT}/../shared/data/multi30k",
+)
+TAIL = 50  # steps timed after the boundary
+STEPS_AROUND = 10  # steps either side of the boundary whose waits make "boundary max"
+SPLITS = {"train": "train", "validation": "val", "test": "test_2016_flickr"}
+
+
+def write_corpus_repeated(directory: str, n: int, source: str = MULTI30K) -> None:
+    """Multi30k's training pairs repeated to ``n`` lines in ``{directory}/train.{en,de}``; its
+    validation and test sets as they are."""
+    os.makedirs(directory, exist_ok=True)
+    for lang in ("en", "de"):
+        with open(os.path.join(source, f"train.{lang}")) as f:
+            lines = f.read().splitlines(keepends=True)
+        with open(f"{directory}/train.{lang}", "w") as out:
+            for start in range(0, n, len(lines)):
+                out.writelines(lines[: min(len(lines), n - start)])
+        for split in ("validation", "test"):
+            shutil.copy(
+                os.path.join(source, f"{SPLITS[split]}.{lang}"), f"{directory}/{split}.{lang}"
+            )
+
+
+def anon_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        resident, shared = (int(x) * os.sysconf("SC_PAGE_SIZE") for x in f.read().split()[1:3])
+    return resident - shared
+
+
+def run_boundary(config: Any, workdir: str, vocab: int, step_ms: float, ahead: bool) -> dict:
+    """The boundary measurement in this process (see the module docstring)."""
+    from transformer_jax.data import pipeline, preparation
+    from transformer_jax.data.resampled import ResampledEpochs, resampled_dir
+    from transformer_jax.training.prefetch import StepBatches
+
+    tokenizer = preparation.get_tokenizer(config, workdir, vocab)
+    preparation.prepare_data(config, workdir, tokenizer, [config.train_split])
+    path = preparation.prepared_path(config, config.train_split, tokenizer, workdir)
+    cache = os.path.join(workdir, preparation.CACHE_DIR)
+    shutil.rmtree(resampled_dir(cache, path, config.bpe_dropout, config.seed), True)  # fresh
+    if not ahead:
+        ResampledEpochs._start_ahead = lambda self, epoch: None  # sampled only when opened
+    began, cpu = time.perf_counter(), time.process_time()
+    iterator = pipeline.train_iterator(config, workdir, tokenizer, num_shards=8)
+    resampler = iterator.resample
+    opened = time.perf_counter()
+    per_epoch = len(iterator.epoch_plan(0))
+    waits, epochs, ready_at = [], [], None
+    anon_before = anon_bytes()
+    with StepBatches(iterator, lambda batch: batch, 1, depth=2) as batches:
+        while True:
+            step = batches.next_step()
+            waits.append(batches.last_wait)
+            epochs.append(step.data_state["epoch"])
+            if ready_at is None and os.path.isdir(resampler.path(1)):
+                ready_at = time.perf_counter() - opened
+            if epochs[-1] == 1 and epochs.count(1) >= TAIL:
+                break
+            time.sleep(step_ms / 1000)
+    resampler.close()
+    boundary = epochs.index(1)
+    around = waits[max(boundary - STEPS_AROUND, 0) : boundary + STEPS_AROUND]
+    window = waits[max(boundary - 50, 0) : boundary + 50]
+    return {
+        "ahead": ahead,
+        "pairs": len(iterator.batcher.pairs),
+        "batches_per_epoch": per_epoch,
+        "step_ms": step_ms,
+        "workers": preparation.workers(config),
+        "epoch0_open_s": opened - began,
+        "epoch1_ready_s": ready_at,
+        "run_s": time.perf_counter() - began,
+        "boundary_wait_max_s": max(around),
+        "boundary_step_wait_s": waits[boundary],
+        "host_wait_100_steps": sum(window) / (sum(window) + len(window) * step_ms / 1000),
+        "wait_max_s_after_first_step": max(waits[1:]),
+        "anon_added_mib": (anon_bytes() - anon_before) / 2**20,
+        "main_cpu_s": time.process_time() - cpu,
+        "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+        "epoch_files": sorted(os.listdir(resampler.directory)),
+    }
