@@ -294,17 +294,20 @@ def measure_boundary(args: argparse.Namespace) -> dict[str, Any]:
             shutil.rmtree(directory, ignore_errors=True)
     rows = [
         [
-            r["pairs"],
-            "ahead" if r["ahead"] else "when opened",
-            r["workers"],
-            r["batches_per_epoch"],
-            r["step_ms"],
-            r["epoch0_open_s"],
-            r["epoch1_ready_s"],
-            r["boundary_step_wait_s"],
-            r["boundary_wait_max_s"],
-            r["host_wait_100_steps"],
-            r["anon_added_mib"],
+            float(f"{v:.3g}") if isinstance(v, float) else v
+            for v in (
+                r["pairs"],
+                "ahead" if r["ahead"] else "when opened",
+                r["workers"],
+                r["batches_per_epoch"],
+                r["step_ms"],
+                r["epoch0_open_s"],
+                r["epoch1_ready_s"],
+                r["boundary_step_wait_s"],
+                r["boundary_wait_max_s"],
+                r["host_wait_100_steps"],
+                r["anon_added_mib"],
+            )
         ]
         for r in results
     ]

@@ -17,7 +17,6 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
-import fcntl
 import hashlib
 import json
 import multiprocessing
@@ -25,13 +24,18 @@ import os
 import shutil
 import threading
 import uuid
-from collections.abc import Iterator
 
 import numpy as np
 
 from transformer_jax.data.batching import EncodedPairs
 from transformer_jax.data.preparation import _start_worker, _worker
-from transformer_jax.data.prepared import CHUNK_PAIRS, map_texts, source_texts, token_dtype
+from transformer_jax.data.prepared import (
+    CHUNK_PAIRS,
+    _locked,
+    map_texts,
+    source_texts,
+    token_dtype,
+)
 from transformer_jax.data.tokenizer import Tokenizer
 
 NICE = 10  # the workers' niceness: the training process's threads come first
@@ -76,27 +80,21 @@ def _sample_chunk(
 def _assemble(partial: str, chunks: list[str], dtype: np.dtype) -> None:
     """The ``chunks`` of ``partial`` laid end to end into its ``src.npy`` (ids of ``dtype``)
     and ``src_offsets.npy``."""
-    lengths = [np.load(chunk)["lengths"] for chunk in chunks]
+    lengths = []
+    for chunk in chunks:
+        with np.load(chunk) as arrays:
+            lengths.append(arrays["lengths"])
     pairs = sum(len(x) for x in lengths)
     offsets = np.lib.format.open_memmap(f"{partial}/src_offsets.npy", "w+", np.int64, (pairs + 1,))
     offsets[0] = 0
     np.cumsum(np.concatenate([np.zeros(0, np.int64), *lengths]), out=offsets[1:])
     src = np.lib.format.open_memmap(f"{partial}/src.npy", "w+", dtype, (int(offsets[-1]),))
     for chunk, begin in zip(chunks, offsets[np.cumsum([0, *map(len, lengths)])[:-1]], strict=True):
-        ids = np.load(chunk)["ids"]
+        with np.load(chunk) as arrays:
+            ids = arrays["ids"]
         src[begin : begin + len(ids)] = ids
     offsets.flush()
     src.flush()
-
-
-@contextlib.contextmanager
-def _locked(path: str) -> Iterator[None]:
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 class ResampledEpochs:
