@@ -35,10 +35,11 @@ STEPS_AROUND = 10  # steps either side of the boundary whose waits make "boundar
 SPLITS = {"train": "train", "validation": "val", "test": "test_2016_flickr"}
 
 
-def write_corpus_repeated(directory: str, n: int, source: str = MULTI30K) -> None:
+def write_corpus_repeated(directory: str, n: int, source: str | None = None) -> None:
     """Multi30k's training pairs repeated to ``n`` lines in ``{directory}/train.{en,de}``; its
     validation and test sets as they are."""
     os.makedirs(directory, exist_ok=True)
+    source = source or MULTI30K
     for lang in ("en", "de"):
         with open(os.path.join(source, f"train.{lang}")) as f:
             lines = f.read().splitlines(keepends=True)

@@ -283,6 +283,8 @@ BOUNDARY_COLUMNS = [
 
 def measure_boundary(args: argparse.Namespace) -> dict[str, Any]:
     """``--boundary N`` (see ``_data_boundary``): a table and a record for ``--json``."""
+    if args.smoke:
+        args.vocab = 400
     directory = args.keep or tempfile.mkdtemp(prefix=f"data-boundary-{args.boundary}-")
     try:
         if not os.path.isfile(os.path.join(directory, "test.de")):
