@@ -7,7 +7,7 @@ and test: its own). A run with ``data.bpe_dropout`` 0.1 and the base batching
 prepared split, sources); then, in a process of its own, its training iterator feeds
 ``train.prefetch`` = 2 steps ahead (:class:`StepBatches`, the training loop's) a training thread
 that sleeps ``--step-ms`` per step in place of the devices, through the whole first epoch and
-``TAIL`` steps into the second. Each step's wait is :attr:`StepBatches.last_wait`, the loop's
+``TAIL`` steps past its end. Each step's wait is :attr:`StepBatches.last_wait`, the loop's
 ``host_wait``. Epoch 1 is sampled meanwhile by ``data.prepare_workers`` (0: one per core)
 processes. ``--no-ahead`` times the same boundary with epoch 1 sampled only when it is opened
 (by the same workers), as a reference.
@@ -85,7 +85,7 @@ def run_boundary(config: Any, workdir: str, vocab: int, step_ms: float, ahead: b
             epochs.append(step.data_state["epoch"])
             if ready_at is None and os.path.isdir(resampler.path(1)):
                 ready_at = time.perf_counter() - opened
-            if epochs[-1] == 1 and epochs.count(1) >= TAIL:
+            if 1 in epochs and len(epochs) - epochs.index(1) >= TAIL:
                 break
             time.sleep(step_ms / 1000)
     resampler.close()
