@@ -15,11 +15,17 @@ processes. ``--no-ahead`` times the same boundary with epoch 1 sampled only when
 
 from __future__ import annotations
 
+import argparse
 import os
 import resource
 import shutil
+import sys
+import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
+
+from _common import cpu_model, table, write_json
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MULTI30K = next(  # shared/ beside the checkout (or beside its worktrees' folder)
@@ -110,3 +116,74 @@ def run_boundary(config: Any, workdir: str, vocab: int, step_ms: float, ahead: b
         "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
         "epoch_files": sorted(os.listdir(resampler.directory)),
     }
+
+
+BOUNDARY_COLUMNS = [
+    "pairs",
+    "epoch 1 sampled",
+    "workers",
+    "batches/epoch",
+    "step ms",
+    "epoch 0 open s",
+    "epoch 1 ready s",
+    "boundary wait s",
+    "max wait ±10 steps s",
+    "host_wait ±50 steps",
+    "anon added MiB",
+]
+
+
+def measure_boundary(
+    args: argparse.Namespace, stage_in_process: Callable[[str, str, Any], dict]
+) -> dict[str, Any]:
+    """``--boundary N``: each stage by ``stage_in_process``; a table and a record for
+    ``--json``."""
+    if args.smoke:
+        args.vocab = 400
+    directory = args.keep or tempfile.mkdtemp(prefix=f"data-boundary-{args.boundary}-")
+    try:
+        if not os.path.isfile(os.path.join(directory, "test.de")):
+            write_corpus_repeated(directory, 2000 if args.smoke else args.boundary)
+        stages = ["boundary ahead"] + (["boundary on demand"] if args.no_ahead else [])
+        results = [stage_in_process(stage, directory, args) for stage in stages]
+    finally:
+        if not args.keep:
+            shutil.rmtree(directory, ignore_errors=True)
+    rows = [
+        [
+            float(f"{v:.3g}") if isinstance(v, float) else v
+            for v in (
+                r["pairs"],
+                "ahead" if r["ahead"] else "when opened",
+                r["workers"],
+                r["batches_per_epoch"],
+                r["step_ms"],
+                r["epoch0_open_s"],
+                r["epoch1_ready_s"],
+                r["boundary_step_wait_s"],
+                r["boundary_wait_max_s"],
+                r["host_wait_100_steps"],
+                r["anon_added_mib"],
+            )
+        ]
+        for r in results
+    ]
+    print(f"CPU: {cpu_model()} ({os.cpu_count()} cores)")
+    print(table(BOUNDARY_COLUMNS, rows))
+    payload = {
+        "benchmark": "data_pipeline",
+        "title": f"BPE-dropout: waits across an epoch boundary, {rows[0][0]:,} pairs",
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": f"{cpu_model()} ({os.cpu_count()} cores)",
+        "versions": {"jax": None, "torch": None},
+        "command": "python benchmarks/data_pipeline.py " + " ".join(sys.argv[1:]),
+        "config": "data.bpe_dropout=0.1, data.tokens_per_batch=25000, data.max_len=256, "
+        "8 shards, train.prefetch=2, data.prepare_workers=0 (one per core)",
+        "current": True,
+        "columns": BOUNDARY_COLUMNS,
+        "rows": rows,
+        "context": [],
+        "results": results,
+    }
+    write_json(args.json, payload)
+    return payload

@@ -56,7 +56,7 @@ from typing import Any
 
 import _common  # noqa: F401  (puts the repository root on sys.path)
 from _common import ROOT, cpu_model, table, write_json
-from _data_boundary import run_boundary, write_corpus_repeated
+from _data_boundary import measure_boundary, run_boundary
 
 H100_BF16_FLOPS = 989e12  # dense bfloat16, SXM datasheet
 GPUS = 8
@@ -266,74 +266,6 @@ def measure_mapped(
     return result
 
 
-BOUNDARY_COLUMNS = [
-    "pairs",
-    "epoch 1 sampled",
-    "workers",
-    "batches/epoch",
-    "step ms",
-    "epoch 0 open s",
-    "epoch 1 ready s",
-    "boundary wait s",
-    "max wait ±10 steps s",
-    "host_wait ±50 steps",
-    "anon added MiB",
-]
-
-
-def measure_boundary(args: argparse.Namespace) -> dict[str, Any]:
-    """``--boundary N`` (see ``_data_boundary``): a table and a record for ``--json``."""
-    if args.smoke:
-        args.vocab = 400
-    directory = args.keep or tempfile.mkdtemp(prefix=f"data-boundary-{args.boundary}-")
-    try:
-        if not os.path.isfile(os.path.join(directory, "test.de")):
-            write_corpus_repeated(directory, 2000 if args.smoke else args.boundary)
-        stages = ["boundary ahead"] + (["boundary on demand"] if args.no_ahead else [])
-        results = [stage_in_process(stage, directory, args) for stage in stages]
-    finally:
-        if not args.keep:
-            shutil.rmtree(directory, ignore_errors=True)
-    rows = [
-        [
-            float(f"{v:.3g}") if isinstance(v, float) else v
-            for v in (
-                r["pairs"],
-                "ahead" if r["ahead"] else "when opened",
-                r["workers"],
-                r["batches_per_epoch"],
-                r["step_ms"],
-                r["epoch0_open_s"],
-                r["epoch1_ready_s"],
-                r["boundary_step_wait_s"],
-                r["boundary_wait_max_s"],
-                r["host_wait_100_steps"],
-                r["anon_added_mib"],
-            )
-        ]
-        for r in results
-    ]
-    print(f"CPU: {cpu_model()} ({os.cpu_count()} cores)")
-    print(table(BOUNDARY_COLUMNS, rows))
-    payload = {
-        "benchmark": "data_pipeline",
-        "title": f"BPE-dropout: waits across an epoch boundary, {rows[0][0]:,} pairs",
-        "date": time.strftime("%Y-%m-%d"),
-        "machine": f"{cpu_model()} ({os.cpu_count()} cores)",
-        "versions": {"jax": None, "torch": None},
-        "command": "python benchmarks/data_pipeline.py " + " ".join(sys.argv[1:]),
-        "config": "data.bpe_dropout=0.1, data.tokens_per_batch=25000, data.max_len=256, "
-        "8 shards, train.prefetch=2, data.prepare_workers=0 (one per core)",
-        "current": True,
-        "columns": BOUNDARY_COLUMNS,
-        "rows": rows,
-        "context": [],
-        "results": results,
-    }
-    write_json(args.json, payload)
-    return payload
-
-
 def rows_of(result: dict[str, Any]) -> list[list[Any]]:
     gib = 1 << 30
     rows = []
@@ -396,7 +328,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print("STAGE " + json.dumps(record))
         return record
     if args.boundary:
-        return measure_boundary(args)
+        return measure_boundary(args, stage_in_process)
     sizes = [args.mapped] if args.mapped else [int(s) for s in args.sizes.split(",")]
     if not sizes or min(sizes) < 1 or args.batches < 1 or not 0 < args.mfu <= 1:
         raise ValueError("--sizes and --batches must be positive, --mfu in (0, 1]")
