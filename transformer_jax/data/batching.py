@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import mmap
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -62,20 +62,6 @@ class EncodedPairs:
         if len(src) != len(tgt):
             raise ValueError(f"{len(src)} source but {len(tgt)} target sequences")
         return cls(*_flat(src), *_flat(tgt))
-
-    def with_sources(self, chunks: Iterable[Sequence[Sequence[int]]]) -> EncodedPairs:
-        """The same targets with other token ids for the sources (one per pair, in order),
-        given a chunk of pairs at a time, kept in the dtype of ``src``."""
-        tokens, offsets, end = [np.zeros(0, self.src.dtype)], [np.zeros(1, np.int64)], 0
-        for chunk in chunks:
-            ids, ends = _flat(chunk)
-            tokens.append(ids.astype(self.src.dtype))
-            offsets.append(ends[1:] + end)
-            end += int(ends[-1])
-        src_offsets = np.concatenate(offsets)
-        if len(src_offsets) - 1 != len(self):
-            raise ValueError(f"{len(src_offsets) - 1} source but {len(self)} target sequences")
-        return dataclasses.replace(self, src=np.concatenate(tokens), src_offsets=src_offsets)
 
     def __len__(self) -> int:
         return len(self.src_offsets) - 1
