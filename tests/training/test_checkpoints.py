@@ -89,3 +89,20 @@ def test_a_failed_save_names_the_os_reason_however_long_the_error(tmp_path, monk
         checkpointer.save_state(_state({"w": jnp.arange(3.0)}), {"position": 0})
     assert len(str(e.value)) < 800 and "\n" not in str(e.value)
     assert shape == "one long line" or str(e.value).endswith("(/full/x)")
+
+
+def test_a_save_that_fails_names_its_own_step_not_the_previous_one(tmp_path, monkeypatch):
+    """Another process lost while step 40 is saved: the error names 40, not the last saved."""
+    state = _state({"w": jnp.arange(3.0)})
+    checkpointer = Checkpointer(str(tmp_path), keep=3)
+    checkpointer.save_state(state.replace(step=np.array(20, np.int32)), {"position": 20})
+
+    def save(*args, **kwargs):
+        raise RuntimeError("DEADLINE_EXCEEDED: barrier timed out; another process is gone")
+
+    monkeypatch.setattr(checkpointer.manager, "save", save)
+    with pytest.raises(OSError, match="saving checkpoint 40 in .* DEADLINE_EXCEEDED"):
+        checkpointer.save_state(state.replace(step=np.array(40, np.int32)), {"position": 40})
+    monkeypatch.undo()
+    checkpointer.close()
+    assert list_steps(str(tmp_path)) == [20]

@@ -98,7 +98,8 @@ class Checkpointer:
                 f"{f' and {len(bad) - 1} more' if len(bad) > 1 else ''}); not saved. "
                 f"{self.describe_newest()}"
             )
-        self.check()
+        self.wait()  # the previous save's errors are its own; from here on, this step's
+        self.saving = step
         train = _train_items(state)
         args = ocp.args.Composite(
             params=ocp.args.StandardSave(state.params),
@@ -108,11 +109,10 @@ class Checkpointer:
                 {"params": checksums(state.params), "train": checksums(train)}
             ),
         )
-        try:  # waits for the previous save, and raises its error
+        try:
             self.manager.save(step, args=args, force=True)
         except Exception as e:  # noqa: BLE001 - whatever the writer threads raised
             raise self._failed(e) from None
-        self.saving = step
 
     def check(self) -> None:
         """Raise OSError at once if the last asynchronous save failed."""
