@@ -452,6 +452,7 @@ def test_bad_config_values_name_the_field(tmp_path, field, value, message):
             "model.attention_impl='cudnn' needs a GPU",
         ),
         (["--config.model.vocab_size=2000000000"], "parameters (model.vocab_size=2000000000"),
+        (["--config.model.vocab_size=3"], "model.vocab_size must be an integer >= 260"),
         (  # a bool | None field parses as a bool
             ["--config.model.final_norm=True", "--config.model.layer_norm_eps=0"],
             "layer_norm_eps must be a number > 0",
