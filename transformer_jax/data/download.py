@@ -24,10 +24,19 @@ from collections.abc import Sequence
 MULTI30K_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw"
 MULTI30K_SPLITS = {"train": 29_000, "val": 1_014, "test_2016_flickr": 1_000}  # lines each
 MULTI30K_LANGS = ("en", "de", "fr")
+
+
+def tfds_build(name: str) -> str:
+    """The command that prepares TFDS dataset ``name`` as ``data.tfds_data_dir=DIR`` reads it."""
+    return (
+        f"`tfds build {name} --file_format=array_record --data_dir DIR` (the tfds command "
+        "needs `pip install tensorflow`)"
+    )
+
+
 WMT14 = (
     "WMT14 English-German is TFDS's wmt14_translate/de-en: prepare it on a machine with network "
-    "access with `tfds build wmt14_translate/de-en --file_format=array_record --data_dir DIR` "
-    "(the tfds command needs `pip install tensorflow`), then train with "
+    f"access with {tfds_build('wmt14_translate/de-en')}, then train with "
     "--config.data.tfds_data_dir=DIR"
 )
 TIMEOUT_S = 60
