@@ -153,6 +153,7 @@ def nan_loss(checkpoint_every: int, scale: str) -> Trial:
                 checkpoints.load_run(workdir)
             except ValueError as e:
                 return "data loss", f"checkpoint {steps[-1]} does not load: {e}"[:200]
+            return outcome[0], f"{outcome[1]} (it loads)"
         return outcome
 
     return trial
@@ -266,7 +267,6 @@ def counts(rows: list[list[Any]]) -> list[list[Any]]:
 
 def report(rows: list[list[Any]], args: argparse.Namespace, seconds: int) -> None:
     per_group = counts(rows)
-    print("\n" + _common.table(["group", "trial", "outcome", "s", "detail"], rows))
     print("\n" + _common.table(["group", "trials", *hr.OUTCOMES], per_group))
     print(f"{len(rows)} trials in {seconds} s")
     info = _common.machine()
