@@ -255,19 +255,19 @@ def main(argv: list[str] | None = None) -> None:
     report(rows, args, round(time.time() - started))
 
 
-def counts(rows: list[list[Any]]) -> list[list[Any]]:
-    """Per group: its trials, then how many ended in each outcome."""
+def counts(rows: list[list[Any]]) -> tuple[list[str], list[list[Any]]]:
+    """How many trials of each group (a column; then all) ended in each outcome (a row)."""
+    groups = [g for g in GROUPS if any(r[0] == g for r in rows)]
     table = []
-    for group in GROUPS:
-        outcomes = [r[2] for r in rows if r[0] == group]
-        if outcomes:
-            table.append([group, len(outcomes), *(outcomes.count(o) for o in hr.OUTCOMES)])
-    return table
+    for outcome in hr.OUTCOMES:
+        found = [sum(r[0] == g and r[2] == outcome for r in rows) for g in groups]
+        table.append([outcome, *found, sum(found)])
+    return ["outcome", *groups, "all"], table
 
 
 def report(rows: list[list[Any]], args: argparse.Namespace, seconds: int) -> None:
-    per_group = counts(rows)
-    print("\n" + _common.table(["group", "trials", *hr.OUTCOMES], per_group))
+    columns, per_group = counts(rows)
+    print("\n" + _common.table(columns, per_group))
     print(f"{len(rows)} trials in {seconds} s")
     info = _common.machine()
     date = info["date_utc"][:10]
@@ -297,7 +297,7 @@ def report(rows: list[list[Any]], args: argparse.Namespace, seconds: int) -> Non
     summary = {
         **common,
         "title": f"Hostile trials: outcomes per group ({len(rows)} trials)",
-        "columns": ["group", "trials", *hr.OUTCOMES],
+        "columns": columns,
         "rows": per_group,
         "context": [f"Each trial: {os.path.basename(out).replace('.json', '-trials.json')}."],
     }

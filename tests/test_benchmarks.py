@@ -799,7 +799,10 @@ def test_hostile_trials_cover_every_group_and_count_outcomes_per_group():
     assert len(hostile.GROUPS) == 9
     rows = [["nan", "a", "OK", 1, ""], ["cli", "b", "one-line error", 1, ""]]
     rows.append(["nan", "c", "hang", 1, ""])
-    assert hostile.counts(rows) == [["cli", 1, 0, 1, 0, 0, 0, 0], ["nan", 2, 1, 0, 0, 0, 1, 0]]
+    columns, table = hostile.counts(rows)
+    assert columns == ["outcome", "cli", "nan", "all"]
+    assert table[:3] == [["OK", 0, 1, 1], ["one-line error", 1, 0, 1], ["traceback", 0, 0, 0]]
+    assert table[4] == ["hang", 0, 1, 1] and len(table) == len(runs.OUTCOMES)
     ended = _script("_hostile_multihost")._ended
     assert ended(runs.Ran(75, "step 3\n", 1))[0] == "OK"
     assert ended(runs.Ran(75, "Traceback (most recent call last):\n", 1))[0] == "traceback"
