@@ -54,11 +54,10 @@ class Ran:
     seconds: float
 
 
-# The reference runs: the micro run as configured (packed batches), bucketed, and on a
-# data x model mesh over two simulated devices; each a ``--config`` variant and environment.
+# The reference runs: the micro run as configured (packed batches) and on a data x model
+# mesh over two simulated devices; each a ``--config`` variant and its environment.
 VARIANTS: dict[str, tuple[list[str], dict[str, str]]] = {
     "packed": ([], {}),
-    "bucketed": (["--config.data.packing=False"], {}),
     "mesh": (
         ["--config.train.parallel=mesh", "--config.train.mesh_model=2"],
         {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"},

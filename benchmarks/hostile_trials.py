@@ -8,8 +8,8 @@ table, and the counts per group into the record in ``benchmarks/results/``.
     python benchmarks/hostile_trials.py                     # every group, 1 kill each
     python benchmarks/hostile_trials.py --groups resume,nan --kills 3 --timeout 300
 
-A tiny run of 8 steps (``_hostile_runs.MICRO``; packed batches, also bucketed and on a mesh)
-is the reference: an interrupted and resumed run must equal it bit for bit (losses and
+A tiny run of 8 steps (``_hostile_runs.MICRO``; packed batches, also on a mesh) is the
+reference: an interrupted and resumed run must equal it bit for bit (losses and
 parameters). The target: no traceback, silent wrong, hang or data loss.
 """
 
@@ -176,15 +176,16 @@ def concurrent(reference: str, tmp: str, timeout: float) -> tuple[str, str]:
 def trials(kills: int) -> dict[str, tuple[str, Trial]]:
     """Every trial by name, with its group (one of ``GROUPS``)."""
     found: dict[str, tuple[str, Trial]] = {}
-    for variant in hr.VARIANTS:
+    for v, variant in enumerate(hr.VARIANTS):
         for i in range(kills):
+            seed = 10 * v + i
             found[f"kill {variant} {i}"] = (
                 "resume",
-                interrupted_then_resumed(signal.SIGKILL, i, variant),
+                interrupted_then_resumed(signal.SIGKILL, seed, variant),
             )
             found[f"sigterm {variant} {i}"] = (
                 "resume",
-                interrupted_then_resumed(signal.SIGTERM, 100 + i, variant),
+                interrupted_then_resumed(signal.SIGTERM, 100 + seed, variant),
             )
     found.update(disk_trials(same_run))
     configs = {
