@@ -51,3 +51,25 @@ def test_only_the_empty_folders_of_a_block_that_failed_are_removed(tmp_path):
         (cache / "empty").mkdir()
         raise ValueError("missing")
     assert (cache / "empty").is_dir()
+
+
+def test_a_lock_file_removed_by_its_holder_meanwhile_is_not_the_lock(tmp_path, monkeypatch):
+    """Opened just before its holder removed it on the way out: the lock taken is that of
+    the file at the path now, not of the removed one (two writers otherwise)."""
+    from transformer_jax.training import workdir as module
+
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    (workdir / LOCK_FILE).write_text("pid 1: an earlier run\n")
+    flock, calls = module.fcntl.flock, []
+
+    def removed_first(f, operation):
+        calls.append(operation)
+        if len(calls) == 1:  # the holder removes it between our open and our lock
+            os.remove(workdir / LOCK_FILE)
+        return flock(f, operation)
+
+    monkeypatch.setattr(module.fcntl, "flock", removed_first)
+    with lock_workdir(str(workdir)):
+        assert (workdir / LOCK_FILE).read_text().startswith(f"pid {os.getpid()}:")
+    assert len(calls) == 3  # the removed file, the new one, its release

@@ -36,10 +36,10 @@ def lock_workdir(workdir: str) -> Iterator[None]:
         try:
             yield
         finally:
-            if created and os.listdir(workdir) == [LOCK_FILE]:
-                os.remove(path)  # while still held: a waiting process finds it gone, retries
-                if made:
-                    with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError):  # the workdir may have been removed meanwhile
+                if created and os.listdir(workdir) == [LOCK_FILE]:
+                    os.remove(path)  # still held: one that opened it meanwhile retries
+                    if made:
                         os.rmdir(workdir)
 
 
