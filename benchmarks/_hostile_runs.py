@@ -54,12 +54,17 @@ class Ran:
     seconds: float
 
 
-# The reference runs: the micro run as configured (packed batches) and on a data x model
-# mesh over two simulated devices; each a ``--config`` variant and its environment.
+RESUME_STEPS = 40  # the resumed runs': long enough that a signal lands before the end
+# The resumed runs' references: the micro run as configured (packed batches) and on a data x
+# model mesh over two simulated devices; each its ``--config`` overrides and environment.
 VARIANTS: dict[str, tuple[list[str], dict[str, str]]] = {
-    "packed": ([], {}),
+    "packed": ([f"--config.train.num_steps={RESUME_STEPS}"], {}),
     "mesh": (
-        ["--config.train.parallel=mesh", "--config.train.mesh_model=2"],
+        [
+            f"--config.train.num_steps={RESUME_STEPS}",
+            "--config.train.parallel=mesh",
+            "--config.train.mesh_model=2",
+        ],
         {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"},
     ),
 }
@@ -69,11 +74,9 @@ def env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu", **(extra or {}))
 
 
-def reference(packed: str, variant: str, timeout: float) -> str:
-    """The uninterrupted run of ``variant``, made once beside ``packed`` (the first one)."""
-    if variant == "packed":
-        return packed
-    path = f"{packed}-{variant}"
+def reference(beside: str, variant: str, timeout: float) -> str:
+    """The uninterrupted run of ``variant``, made once beside the reference ``beside``."""
+    path = f"{beside}-{variant}"
     if not os.path.isfile(os.path.join(path, "metrics.jsonl")):
         extra, variables = VARIANTS[variant]
         ran = run(train_command(path, *extra), f"{path}.log", timeout, env_extra=variables)

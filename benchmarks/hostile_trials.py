@@ -8,9 +8,9 @@ table, and the counts per group into the record in ``benchmarks/results/``.
     python benchmarks/hostile_trials.py                     # every group, 1 kill each
     python benchmarks/hostile_trials.py --groups resume,nan --kills 3 --timeout 300
 
-A tiny run of 8 steps (``_hostile_runs.MICRO``; packed batches, also on a mesh) is the
-reference: an interrupted and resumed run must equal it bit for bit (losses and
-parameters). The target: no traceback, silent wrong, hang or data loss.
+A tiny run of 8 steps (``_hostile_runs.MICRO``) is the reference; for the resumed runs, one
+of 40 steps (packed batches, and on a mesh): an interrupted and resumed run must equal it
+bit for bit (losses and parameters). The target: no traceback, silent wrong, hang or data loss.
 """
 
 from __future__ import annotations
@@ -57,17 +57,17 @@ def same_run(workdir: str, reference: str) -> str | None:
 
 
 def interrupted_then_resumed(sig: signal.Signals, seed: int, variant: str) -> Trial:
-    """``sig`` once the run has logged a random step (1 to 7), then a rerun: it must end
-    equal to ``variant``'s uninterrupted run."""
+    """``sig`` once the run has logged a random step (of ``RESUME_STEPS``), then a rerun: it
+    must end equal to ``variant``'s uninterrupted run."""
 
-    def trial(packed: str, tmp: str, timeout: float) -> tuple[str, str]:
-        reference = hr.reference(packed, variant, timeout * 2)
+    def trial(micro: str, tmp: str, timeout: float) -> tuple[str, str]:
+        reference = hr.reference(micro, variant, timeout * 2)
         extra, variables = hr.VARIANTS[variant]
         workdir = hr.prepared_copy(reference, os.path.join(tmp, "run"))
         command = hr.train_command(workdir, *extra)
         proc = hr.start(command, f"{workdir}.log", env_extra=variables)
         chance = random.Random(seed)
-        step, delay = chance.randint(1, hr.STEPS - 1), chance.uniform(0, 1)
+        step, delay = chance.randint(1, hr.RESUME_STEPS - 1), chance.uniform(0, 0.2)
         hr.wait_until(lambda: hr.metrics_step(workdir) >= step, [proc], timeout)
         time.sleep(delay)
         proc.send_signal(sig)
@@ -79,7 +79,8 @@ def interrupted_then_resumed(sig: signal.Signals, seed: int, variant: str) -> Tr
         if again.code != 0:
             return hr.crashed(again) or ("data loss", f"the rerun: {hr.last_line(again.out)}")
         differs = same_run(workdir, reference)
-        when = f"{sig.name} after step {step} + {delay:.1f} s (exit {first.code})"
+        ended = "" if first.code else " (it had ended: not interrupted)"
+        when = f"{sig.name} after step {step} + {delay:.2f} s (exit {first.code}{ended})"
         return ("silent wrong", differs) if differs else ("OK", f"{when}, resumed: equal")
 
     return trial
