@@ -282,7 +282,7 @@ def report(rows: list[list[Any]], args: argparse.Namespace, seconds: int) -> Non
         "machine": f"{info['cpu']}, {info['nproc']} cores",
         "versions": {"jax": info["jax"], "flax": info["flax"]},
         "command": command,
-        "config": "tiny at d_model 32, 8 steps (_hostile_runs.MICRO)",
+        "config": "tiny at d_model 32, 8 steps (_hostile_runs.MICRO), resumed runs 40",
         "current": False,
     }
     out = args.out or os.path.join(
