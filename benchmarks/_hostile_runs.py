@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -53,8 +54,35 @@ class Ran:
     seconds: float
 
 
-def env() -> dict[str, str]:
-    return dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+RESUME_STEPS = 40  # the resumed runs': long enough that a signal lands before the end
+# The resumed runs' references: the micro run as configured (packed batches) and on a data x
+# model mesh over two simulated devices; each its ``--config`` overrides and environment.
+VARIANTS: dict[str, tuple[list[str], dict[str, str]]] = {
+    "packed": ([f"--config.train.num_steps={RESUME_STEPS}"], {}),
+    "mesh": (
+        [
+            f"--config.train.num_steps={RESUME_STEPS}",
+            "--config.train.parallel=mesh",
+            "--config.train.mesh_model=2",
+        ],
+        {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"},
+    ),
+}
+
+
+def env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu", **(extra or {}))
+
+
+def reference(beside: str, variant: str, timeout: float) -> str:
+    """The uninterrupted run of ``variant``, made once beside the reference ``beside``."""
+    path = f"{beside}-{variant}"
+    if not os.path.isfile(os.path.join(path, "metrics.jsonl")):
+        extra, variables = VARIANTS[variant]
+        ran = run(train_command(path, *extra), f"{path}.log", timeout, env_extra=variables)
+        if ran.code != 0:
+            raise RuntimeError(f"the {variant} reference run failed: {last_line(ran.out)}")
+    return path
 
 
 def train_command(workdir: str, *extra: str) -> list[str]:
@@ -65,15 +93,25 @@ def module_command(module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", f"transformer_jax.{module}", *args]
 
 
-def start(command: Sequence[str], log: str, file_limit_kib: int = 0) -> subprocess.Popen:
-    """Start ``command``, its output to ``log``; ``file_limit_kib``: the largest file it may
-    write (``ulimit -f``, a full disk: writes past it fail with EFBIG, SIGXFSZ ignored)."""
+def start(
+    command: Sequence[str],
+    log: str,
+    file_limit_kib: int = 0,
+    env_extra: dict[str, str] | None = None,
+) -> subprocess.Popen:
+    """Start ``command``, its output to ``log``, ``env_extra`` added to its environment;
+    ``file_limit_kib``: the largest file it may write (``ulimit -f``, a full disk: writes
+    past it fail with EFBIG, SIGXFSZ ignored)."""
     if file_limit_kib:
         limited = f"trap '' XFSZ; ulimit -f {file_limit_kib}; exec \"$@\""
         command = ["bash", "-c", limited, "bash", *command]
     with open(log, "w") as out:
         proc = subprocess.Popen(
-            list(command), env=env(), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            list(command),
+            env=env(env_extra),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
         )
     proc.log = log  # type: ignore[attr-defined]
     proc.started = time.time()  # type: ignore[attr-defined]
@@ -92,8 +130,14 @@ def wait(proc: subprocess.Popen, timeout: float) -> Ran:
         return Ran(code, f.read(), time.time() - proc.started)
 
 
-def run(command: Sequence[str], log: str, timeout: float, file_limit_kib: int = 0) -> Ran:
-    return wait(start(command, log, file_limit_kib), timeout)
+def run(
+    command: Sequence[str],
+    log: str,
+    timeout: float,
+    file_limit_kib: int = 0,
+    env_extra: dict[str, str] | None = None,
+) -> Ran:
+    return wait(start(command, log, file_limit_kib, env_extra), timeout)
 
 
 def wait_until(predicate: Callable[[], bool], procs: Sequence[subprocess.Popen], timeout: float):
@@ -140,6 +184,33 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def metrics_step(workdir: str) -> int:
+    """The last step ``{workdir}/metrics.jsonl`` logs (0 before the first)."""
+    try:
+        with open(os.path.join(workdir, "metrics.jsonl")) as f:
+            steps = re.findall(r'"step": (\d+)', f.read())
+    except OSError:
+        return 0
+    return max(map(int, steps), default=0)
+
+
+def mount_tmpfs(path: str, size_kib: int, read_only: bool = False) -> bool:
+    """Mount a ``size_kib`` tmpfs at ``path`` (a real full or read-only disk); False where
+    this process may not mount (not root)."""
+    os.makedirs(path, exist_ok=True)
+    options = f"size={size_kib}k" + (",ro" if read_only else "")
+    if os.path.ismount(path):
+        command = ["mount", "-o", f"remount,{options}", path]
+    else:
+        command = ["mount", "-t", "tmpfs", "-o", options, "tmpfs", path]
+    return subprocess.run(command, capture_output=True).returncode == 0
+
+
+def unmount(path: str) -> None:
+    if os.path.ismount(path):
+        subprocess.run(["umount", "-l", path], capture_output=True)
 
 
 def prepared_copy(reference: str, workdir: str, trained: bool = False) -> str:

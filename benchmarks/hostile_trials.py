@@ -1,15 +1,16 @@
-"""Hostile trials: the train, translate, evaluate and average commands as the most demanding
-user runs them (kills, preemption, damaged checkpoints, read-only and full disks, bad
-configs and data, CLI misuse, NaN, concurrent runs, two processes on 127.0.0.1), each trial
-on a fresh workdir, its outcome sorted (``_hostile_runs.OUTCOMES``) into a table and a
-record in ``benchmarks/results/`` (``benchmarks/tables.py``).
+"""Hostile trials: the commands (train, translate, evaluate, average, prepare) as the most
+demanding user runs them, in nine groups (``GROUPS``): kills and SIGTERM then resume,
+damaged checkpoints and prepared data, read-only and full disks, bad configs and data, CLI
+misuse, NaN, concurrent runs, multi-host launch mistakes and the loss of a process. Each
+trial runs on a fresh workdir; its outcome is sorted (``_hostile_runs.OUTCOMES``) into a
+table, and the counts per group into the record in ``benchmarks/results/``.
 
-    python benchmarks/hostile_trials.py                     # every trial, 3 kills
-    python benchmarks/hostile_trials.py --kills 10 --only kill,sigterm --timeout 300
+    python benchmarks/hostile_trials.py                     # every group, 1 kill each
+    python benchmarks/hostile_trials.py --groups resume,nan --kills 3 --timeout 300
 
-A tiny run of 8 steps (``_hostile_runs.MICRO``) is the reference: an interrupted and resumed
-run must equal it bit for bit (losses and parameters). The target: no traceback, silent
-wrong, hang or data loss.
+A tiny run of 8 steps (``_hostile_runs.MICRO``) is the reference; for the resumed runs, one
+of 40 steps (packed batches, and on a mesh): an interrupted and resumed run must equal it
+bit for bit (losses and parameters). The target: no traceback, silent wrong, hang or data loss.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import argparse
 import gzip
 import os
 import random
-import re
 import shutil
 import signal
 import tempfile
@@ -30,12 +30,14 @@ import _common
 import _hostile_runs as hr
 import jax
 import numpy as np
+from _hostile_disk import disk_trials
 from _hostile_multihost import multihost_trials
 
 from transformer_jax.training import checkpoints
 from transformer_jax.training.logs import read_metrics
 
 Trial = Callable[[str, str, float], tuple[str, str]]  # (reference, tmp, timeout) -> outcome
+GROUPS = ("resume", "damaged", "disk", "config", "cli", "nan", "concurrency", "multihost", "loss")
 
 
 def same_run(workdir: str, reference: str) -> str | None:
@@ -54,89 +56,69 @@ def same_run(workdir: str, reference: str) -> str | None:
     return None
 
 
-def interrupted_then_resumed(sig: signal.Signals, seed: int) -> Trial:
-    def trial(reference: str, tmp: str, timeout: float) -> tuple[str, str]:
+def interrupted_then_resumed(sig: signal.Signals, seed: int, variant: str) -> Trial:
+    """``sig`` once the run has logged a random step (of ``RESUME_STEPS``), then a rerun: it
+    must end equal to ``variant``'s uninterrupted run."""
+
+    def trial(micro: str, tmp: str, timeout: float) -> tuple[str, str]:
+        reference = hr.reference(micro, variant, timeout * 2)
+        extra, variables = hr.VARIANTS[variant]
         workdir = hr.prepared_copy(reference, os.path.join(tmp, "run"))
-        proc = hr.start(hr.train_command(workdir), f"{workdir}.log")
-        delay = random.Random(seed).uniform(1, 25)
-        hr.wait_until(lambda: time.time() - proc.started > delay, [proc], delay + 1)
+        command = hr.train_command(workdir, *extra)
+        proc = hr.start(command, f"{workdir}.log", env_extra=variables)
+        chance = random.Random(seed)
+        step, delay = chance.randint(1, hr.RESUME_STEPS - 1), chance.uniform(0, 0.2)
+        hr.wait_until(lambda: hr.metrics_step(workdir) >= step, [proc], timeout)
+        time.sleep(delay)
         proc.send_signal(sig)
         first = hr.wait(proc, timeout)
         expected = (0, 75) if sig == signal.SIGTERM else (0, -9)
         if first.code not in expected:
             return hr.crashed(first) or hr.refused(first)
-        again = hr.run(hr.train_command(workdir), f"{workdir}.2.log", timeout)
+        again = hr.run(command, f"{workdir}.2.log", timeout, env_extra=variables)
         if again.code != 0:
             return hr.crashed(again) or ("data loss", f"the rerun: {hr.last_line(again.out)}")
         differs = same_run(workdir, reference)
-        detail = f"{sig.name} after {delay:.1f} s (exit {first.code}), resumed: equal"
-        return ("silent wrong", differs) if differs else ("OK", detail)
+        ended = "" if first.code else " (it had ended: not interrupted)"
+        when = f"{sig.name} after step {step} + {delay:.2f} s (exit {first.code}{ended})"
+        return ("silent wrong", differs) if differs else ("OK", f"{when}, resumed: equal")
 
     return trial
 
 
-def damaged(command: str) -> Trial:
-    """One flipped bit in the newest checkpoint (its largest file; of its parameters
-    for the commands that read only those), then ``command`` on the run."""
-
-    def trial(reference: str, tmp: str, timeout: float) -> tuple[str, str]:
-        workdir = hr.prepared_copy(reference, os.path.join(tmp, "run"), trained=True)
-        newest = os.path.join(workdir, "checkpoints", str(hr.STEPS))
-        if command != "train":  # the item the parameter-only read path restores
-            newest = os.path.join(newest, "params")
-        paths = [os.path.join(b, n) for b, _, names in os.walk(newest) for n in names]
-        path = max(paths, key=os.path.getsize)
-        data = bytearray(open(path, "rb").read())
-        data[len(data) // 2] ^= 0x10
-        open(path, "wb").write(bytes(data))
-        text = os.path.join(tmp, "src.txt")
-        with open(text, "w") as f:
-            f.write("the small dog sees the red house .\nthe bird sings .\n")
-        args = {
-            "train": hr.train_command(workdir),
-            "translate": hr.module_command("translate", f"--workdir={workdir}", f"--input={text}"),
-            "evaluate": hr.module_command(
-                "evaluate", f"--workdir={workdir}", f"--src={text}", f"--ref={text}"
-            ),
-            "average": hr.module_command("average", f"--workdir={workdir}", "--last=3"),
-        }[command]
-        ran = hr.run(args, f"{workdir}.log", timeout)
-        if crash := hr.crashed(ran):
-            return crash
-        named = re.search(rf"(step|checkpoint) {hr.STEPS}\b|/{hr.STEPS}\b", ran.out)
-        if ran.code == 0 and not named:
-            return "silent wrong", f"exit 0 without naming the damaged step {hr.STEPS}"
-        if ran.code == 0 and command == "train" and (differs := same_run(workdir, reference)):
-            return "silent wrong", differs
-        if ran.code == 0:
-            return "OK", f"used an older checkpoint, said so: {hr.error_lines(ran.out)[:1]}"
-        return hr.refused(ran)
-
-    return trial
+def text_data(tmp: str, damaged_gz: bool) -> list[str]:
+    """Overrides reading text files in ``tmp/text``: with ``damaged_gz`` train.en.gz cut in
+    half, else no files at all (data missing)."""
+    text_dir = os.path.join(tmp, "text")
+    os.makedirs(text_dir)
+    if damaged_gz:
+        for split in ("train", "validation", "test"):
+            for lang in ("en", "de"):
+                with open(os.path.join(text_dir, f"{split}.{lang}"), "w") as f:
+                    f.write("a small house .\n" * 50)
+        raw = gzip.compress(b"a small house .\n" * 500)
+        with open(os.path.join(text_dir, "train.en.gz"), "wb") as f:
+            f.write(raw[: len(raw) // 2] + bytes(64))
+        os.remove(os.path.join(text_dir, "train.en"))
+    return [
+        "--config.data.source=text",
+        f"--config.data.text_dir={text_dir}",
+        "--config.data.src_lang=en",
+        "--config.data.tgt_lang=de",
+    ]
 
 
-def refused_config(*overrides: str, data: bool = False) -> Trial:
-    """A train.py command that must be refused in one line before the workdir is touched."""
+def refused_config(*overrides: str, data: str = "") -> Trial:
+    """A train.py command refused in one line, leaving no workdir behind; ``data``:
+    ``damaged gz`` or ``missing`` text files."""
 
     def trial(reference: str, tmp: str, timeout: float) -> tuple[str, str]:
         workdir = os.path.join(tmp, "run")
-        extra = list(overrides)
-        if data:  # text files, one of them a damaged .gz
-            text_dir = os.path.join(tmp, "text")
-            os.makedirs(text_dir)
-            for split in ("train", "validation", "test"):
-                for lang in ("en", "de"):
-                    with open(os.path.join(text_dir, f"{split}.{lang}"), "w") as f:
-                        f.write("a small house .\n" * 50)
-            raw = gzip.compress(b"a small house .\n" * 500)
-            with open(os.path.join(text_dir, "train.en.gz"), "wb") as f:
-                f.write(raw[: len(raw) // 2] + bytes(64))
-            os.remove(os.path.join(text_dir, "train.en"))
-            extra += ["--config.data.source=text", f"--config.data.text_dir={text_dir}"]
-            extra += ["--config.data.src_lang=en", "--config.data.tgt_lang=de"]
+        extra = [*overrides, *(text_data(tmp, data == "damaged gz") if data else [])]
         outcome = hr.refused(hr.run(hr.train_command(workdir, *extra), f"{workdir}.log", timeout))
-        if outcome[0] == "one-line error" and os.path.isdir(workdir) and not data:
-            return outcome[0], outcome[1] + " (the workdir was written first)"
+        if outcome[0] == "one-line error" and os.path.exists(workdir):
+            left = sorted(os.listdir(workdir))
+            return outcome[0], f"{outcome[1]} (but left the workdir behind: {left})"
         return outcome
 
     return trial
@@ -153,37 +135,29 @@ def refused_command(*args: str, module: str = "") -> Trial:
     return trial
 
 
-def full_disk(reference: str, tmp: str, timeout: float) -> tuple[str, str]:
-    """Files over 64 KiB fail (EFBIG): one line with the OS reason; a rerun resumes."""
-    workdir = hr.prepared_copy(reference, os.path.join(tmp, "run"))
-    ran = hr.run(hr.train_command(workdir), f"{workdir}.log", timeout, file_limit_kib=64)
-    outcome = hr.refused(ran)
-    if outcome[0] != "one-line error":
+def nan_loss(checkpoint_every: int, scale: str) -> Trial:
+    """The loss turns NaN: one line naming the newest finite checkpoint, which loads."""
+
+    def trial(reference: str, tmp: str, timeout: float) -> tuple[str, str]:
+        workdir = hr.prepared_copy(reference, os.path.join(tmp, "run"))
+        extra = [f"--config.train.learning_rate_scale={scale}"]
+        extra.append(f"--config.train.checkpoint_every={checkpoint_every}")
+        ran = hr.run(hr.train_command(workdir, *extra), f"{workdir}.log", timeout)
+        outcome = hr.refused(ran)
+        if outcome[0] != "one-line error" or "nan" not in outcome[1].lower():
+            return outcome
+        steps = checkpoints.list_steps(workdir) if os.path.isdir(f"{workdir}/checkpoints") else []
+        if steps and f"checkpoint is step {steps[-1]}" not in ran.out:
+            return "silent wrong", f"checkpoint {steps[-1]} kept but not named: {outcome[1]}"
+        if steps:
+            try:
+                checkpoints.load_run(workdir)
+            except ValueError as e:
+                return "data loss", f"checkpoint {steps[-1]} does not load: {e}"[:200]
+            return outcome[0], f"{outcome[1]} (it loads)"
         return outcome
-    if "too large" not in ran.out.lower():
-        return "silent wrong", f"the OS reason is not shown: {outcome[1]}"
-    again = hr.run(hr.train_command(workdir), f"{workdir}.2.log", timeout)
-    if again.code != 0:
-        return "data loss", f"the rerun after the full disk: {hr.last_line(again.out)}"
-    return outcome
 
-
-def read_only(reference: str, tmp: str, timeout: float) -> tuple[str, str]:
-    if os.geteuid() == 0:  # root writes through permissions: a path the kernel refuses
-        workdir = "/sys/hostile_trials_run"
-    else:
-        os.chmod(tmp, 0o555)
-        workdir = os.path.join(tmp, "run")
-    try:
-        return hr.refused(hr.run(hr.train_command(workdir), f"{tmp}.log", timeout))
-    finally:
-        os.chmod(tmp, 0o755)
-
-
-def nan_loss(reference: str, tmp: str, timeout: float) -> tuple[str, str]:
-    workdir = hr.prepared_copy(reference, os.path.join(tmp, "run"))
-    big = "--config.train.learning_rate_scale=1e30"
-    return hr.refused(hr.run(hr.train_command(workdir, big), f"{workdir}.log", timeout))
+    return trial
 
 
 def concurrent(reference: str, tmp: str, timeout: float) -> tuple[str, str]:
@@ -200,94 +174,136 @@ def concurrent(reference: str, tmp: str, timeout: float) -> tuple[str, str]:
     return ("silent wrong", differs) if differs else ("OK", f"the other: {outcome[1]}")
 
 
-def trials(kills: int) -> dict[str, Trial]:
-    """Every trial by name (its category is the name's first word)."""
-    found: dict[str, Trial] = {}
-    for i in range(kills):
-        found[f"kill {i}"] = interrupted_then_resumed(signal.SIGKILL, i)
-        found[f"sigterm {i}"] = interrupted_then_resumed(signal.SIGTERM, 100 + i)
-    for command in ("train", "translate", "evaluate", "average"):
-        found[f"damaged checkpoint, {command}"] = damaged(command)
-    found["disk read-only"] = read_only
-    found["disk full"] = full_disk
-    found["config platform=metal"] = refused_config("--config.model.platform=metal")
-    found["config platform=gpu on CPU"] = refused_config("--config.model.platform=gpu")
-    found["config cudnn+bf16 on CPU"] = refused_config(
-        "--config.model.attention_impl=cudnn", "--config.model.dtype=bfloat16"
-    )
-    found["config vocab_size=2e9"] = refused_config("--config.model.vocab_size=2000000000")
-    found["config corrupt .gz"] = refused_config(data=True)
-    found["cli unknown flag"] = refused_command("--no_such_flag=1")
-    found["cli stray argument"] = refused_command("stray")
-    found["cli unknown config"] = refused_command("--config=no_such_config")
-    found["cli unknown field"] = refused_command("--config.train.no_such_field=1")
-    found["cli unknown command"] = refused_command("frobnicate", module="cli.main")
-    found["cli translate without --workdir"] = refused_command(module="translate")
-    found["cli evaluate without --src"] = refused_command("--workdir=REF", module="evaluate")
-    found["nan huge learning rate"] = nan_loss
-    found["concurrent two runs, one workdir"] = concurrent
+def trials(kills: int) -> dict[str, tuple[str, Trial]]:
+    """Every trial by name, with its group (one of ``GROUPS``)."""
+    found: dict[str, tuple[str, Trial]] = {}
+    for v, variant in enumerate(hr.VARIANTS):
+        for i in range(kills):
+            seed = 10 * v + i
+            found[f"kill {variant} {i}"] = (
+                "resume",
+                interrupted_then_resumed(signal.SIGKILL, seed, variant),
+            )
+            found[f"sigterm {variant} {i}"] = (
+                "resume",
+                interrupted_then_resumed(signal.SIGTERM, 100 + seed, variant),
+            )
+    found.update(disk_trials(same_run))
+    configs = {
+        "platform=metal": ["--config.model.platform=metal"],
+        "platform=gpu on CPU": ["--config.model.platform=gpu"],
+        "cudnn+bf16 on CPU": [
+            "--config.model.attention_impl=cudnn",
+            "--config.model.dtype=bfloat16",
+        ],
+        "vocab_size=2e9": ["--config.model.vocab_size=2000000000"],
+        "vocab_size=3": ["--config.model.vocab_size=3"],
+        "tokens_per_batch < max_len": ["--config.data.tokens_per_batch=8"],
+    }
+    for name, overrides in configs.items():
+        found[f"config {name}"] = ("config", refused_config(*overrides))
+    found["data corrupt .gz"] = ("config", refused_config(data="damaged gz"))
+    found["data missing text files"] = ("config", refused_config(data="missing"))
+    cli = {
+        "unknown flag": refused_command("--no_such_flag=1"),
+        "stray argument": refused_command("stray"),
+        "unknown config": refused_command("--config=no_such_config"),
+        "unknown field": refused_command("--config.train.no_such_field=1"),
+        "unknown command": refused_command("frobnicate", module="cli.main"),
+        "translate without --workdir": refused_command(module="translate"),
+        "evaluate without --src": refused_command("--workdir=REF", module="evaluate"),
+        "average of no run": refused_command("--workdir=/nonexistent", module="average"),
+        "download unknown data set": refused_command("wmt99", "--dest=/tmp/x", module="download"),
+    }
+    found.update({f"cli {name}": ("cli", trial) for name, trial in cli.items()})
+    found["nan from the first step"] = ("nan", nan_loss(2, "1e30"))
+    found["nan after a checkpoint"] = ("nan", nan_loss(1, "1e12"))
+    found["concurrent two runs, one workdir"] = ("concurrency", concurrent)
     found.update(multihost_trials())
     return found
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kills", type=int, default=3, help="kill and SIGTERM trials, each")
-    parser.add_argument("--only", default="", help="categories, comma-separated (kill,cli,...)")
+    parser.add_argument("--kills", type=int, default=1, help="kill and SIGTERM trials, each")
+    parser.add_argument("--groups", default="", help=f"comma-separated, of {','.join(GROUPS)}")
     parser.add_argument("--timeout", type=float, default=240, help="seconds per process")
     parser.add_argument(
         "--out", default="", help="the record (default results/hostile_trials-DATE)"
     )
     args = parser.parse_args(argv)
-    chosen = {
-        n: t
-        for n, t in trials(args.kills).items()
-        if not args.only or n.split()[0] in args.only.split(",")
-    }
+    groups = [g for g in args.groups.split(",") if g] or list(GROUPS)
+    if unknown := sorted(set(groups) - set(GROUPS)):
+        parser.error(f"unknown groups {unknown}; the groups: {','.join(GROUPS)}")
+    chosen = {n: (g, t) for n, (g, t) in trials(args.kills).items() if g in groups}
     root = tempfile.mkdtemp(prefix="hostile-")
     reference = os.path.join(root, "reference")
+    started = time.time()
     ran = hr.run(hr.train_command(reference), f"{reference}.log", args.timeout * 2)
     if ran.code != 0:
         raise SystemExit(f"the reference run failed: {hr.last_line(ran.out)}")
     rows: list[list[Any]] = []
-    for i, (name, trial) in enumerate(chosen.items()):
+    for i, (name, (group, trial)) in enumerate(chosen.items()):
         tmp = os.path.join(root, f"trial{i}")
         os.makedirs(tmp)
-        started = time.time()
+        began = time.time()
         try:
             outcome, detail = trial(reference, tmp, args.timeout)
         except Exception as e:  # noqa: BLE001 - the harness's own failure, reported as such
             outcome, detail = "traceback", f"harness: {type(e).__name__}: {e}"
-        rows.append([name, outcome, round(time.time() - started, 1), detail])
-        print(f"{name:<36} {outcome:<15} {rows[-1][2]:>6} s  {detail}", flush=True)
+        rows.append([group, name, outcome, round(time.time() - began, 1), detail])
+        print(f"{group:<11} {name:<36} {outcome:<15} {rows[-1][3]:>6} s  {detail}", flush=True)
     shutil.rmtree(root, ignore_errors=True)
-    report(rows, args)
+    report(rows, args, round(time.time() - started))
 
 
-def report(rows: list[list[Any]], args: argparse.Namespace) -> None:
-    totals = {o: sum(r[1] == o for r in rows) for o in hr.OUTCOMES}
-    print("\n" + _common.table(["trial", "outcome", "s", "detail"], rows))
-    print("\n" + ", ".join(f"{n} {o}" for o, n in totals.items()) + f" ({len(rows)} trials)")
+def counts(rows: list[list[Any]]) -> tuple[list[str], list[list[Any]]]:
+    """How many trials of each group (a column; then all) ended in each outcome (a row)."""
+    groups = [g for g in GROUPS if any(r[0] == g for r in rows)]
+    table = []
+    for outcome in hr.OUTCOMES:
+        found = [sum(r[0] == g and r[2] == outcome for r in rows) for g in groups]
+        table.append([outcome, *found, sum(found)])
+    return ["outcome", *groups, "all"], table
+
+
+def report(rows: list[list[Any]], args: argparse.Namespace, seconds: int) -> None:
+    columns, per_group = counts(rows)
+    print("\n" + _common.table(columns, per_group))
+    print(f"{len(rows)} trials in {seconds} s")
     info = _common.machine()
     date = info["date_utc"][:10]
-    record = {
+    command = "python benchmarks/hostile_trials.py " + " ".join(
+        f"--{k}={v}" for k, v in vars(args).items() if v and k != "out"
+    )
+    common = {
         "benchmark": "hostile_trials",
-        "title": f"Hostile trials: {len(rows)} trials, outcomes",
         "date": date,
         "machine": f"{info['cpu']}, {info['nproc']} cores",
         "versions": {"jax": info["jax"], "flax": info["flax"]},
-        "command": "python benchmarks/hostile_trials.py "
-        + " ".join(f"--{k}={v}" for k, v in vars(args).items() if v and k != "out"),
-        "config": "tiny at d_model 32, 8 steps (_hostile_runs.MICRO)",
+        "command": command,
+        "config": "tiny at d_model 32, 8 steps (_hostile_runs.MICRO), resumed runs 40",
         "current": False,
-        "columns": ["trial", "outcome", "seconds", "detail"],
-        "rows": rows,
-        "context": ["Totals: " + ", ".join(f"{n} {o}" for o, n in totals.items())],
     }
     out = args.out or os.path.join(
         _common.ROOT, "benchmarks", "results", f"hostile_trials-{date}.json"
     )
-    _common.write_json(out, record)
+    detail = {
+        **common,
+        "title": f"Hostile trials: {len(rows)} trials, each outcome",
+        "columns": ["group", "trial", "outcome", "seconds", "detail"],
+        "rows": rows,
+        "context": [f"{len(rows)} trials in {seconds} s."],
+    }
+    _common.write_json(out.replace(".json", "-trials.json"), detail)
+    summary = {
+        **common,
+        "title": f"Hostile trials: outcomes per group ({len(rows)} trials)",
+        "columns": columns,
+        "rows": per_group,
+        "context": [f"Each trial: {os.path.basename(out).replace('.json', '-trials.json')}."],
+    }
+    _common.write_json(out, summary)
 
 
 if __name__ == "__main__":

@@ -815,10 +815,31 @@ def test_hostile_trials_sort_outcomes():
     assert runs.refused(ran(0, "done\n", 1))[0] == "silent wrong"
 
 
+def test_hostile_trials_cover_every_group_and_count_outcomes_per_group():
+    """Each of the nine groups has trials; the record counts each outcome per group; a
+    process of a multi-host run stopped by SIGTERM is clean at exit 75 without an error."""
+    hostile, runs = _script("hostile_trials"), _script("_hostile_runs")
+    assert {group for group, _ in hostile.trials(kills=1).values()} == set(hostile.GROUPS)
+    assert len(hostile.GROUPS) == 9
+    rows = [["nan", "a", "OK", 1, ""], ["cli", "b", "one-line error", 1, ""]]
+    rows.append(["nan", "c", "hang", 1, ""])
+    columns, table = hostile.counts(rows)
+    assert columns == ["outcome", "cli", "nan", "all"]
+    assert table[:3] == [["OK", 0, 1, 1], ["one-line error", 1, 0, 1], ["traceback", 0, 0, 0]]
+    assert table[4] == ["hang", 0, 1, 1] and len(table) == len(runs.OUTCOMES)
+    ended = _script("_hostile_multihost")._ended
+    assert ended(runs.Ran(75, "step 3\n", 1))[0] == "OK"
+    assert ended(runs.Ran(75, "Traceback (most recent call last):\n", 1))[0] == "traceback"
+    assert ended(runs.Ran(1, "error: another process of the run is lost\n", 1))[0] == (
+        "one-line error"
+    )
+
+
 @pytest.mark.slow  # two train.py processes refused at start-up (~30 s)
 def test_hostile_trials_smoke(tmp_path, capsys):
     trials = _script("hostile_trials").trials(kills=0)
-    for name in ("cli stray argument", "config platform=metal"):
+    for name in ("cli stray argument", "config platform=metal", "config vocab_size=3"):
         tmp = tmp_path / name.replace(" ", "_")
         tmp.mkdir()
-        assert trials[name]("unused", str(tmp), 120)[0] == "one-line error"
+        outcome, detail = trials[name][1]("unused", str(tmp), 120)
+        assert outcome == "one-line error" and "left the workdir" not in detail

@@ -8,7 +8,11 @@ import sys
 import pytest
 
 from transformer_jax.cli.download import main
-from transformer_jax.data.download import MULTI30K_LANGS, MULTI30K_SPLITS, download_multi30k
+from transformer_jax.data.download import (
+    MULTI30K_LANGS,
+    MULTI30K_SPLITS,
+    download_multi30k,
+)
 from transformer_jax.data.sources import load_pairs
 from transformer_jax.training.schema import default_config
 
@@ -62,3 +66,18 @@ def test_only_the_languages_asked_for(tmp_path, capsys):
     assert {p.suffix for p in dest.iterdir()} == {".en", ".fr"}
     assert main(["multi30k", "--dest", str(dest), "--base_url", url, "--langs", "en,cs"]) == 2
     assert "--langs" in capsys.readouterr().err
+
+
+def test_without_network_nothing_is_left_and_the_line_says_how_to_get_the_files(tmp_path):
+    """A host that cannot be reached (here: a closed port): one line naming the repository's
+    URL and ``--base_url=file://``, and no ``data/multi30k/`` left behind."""
+    dest = tmp_path / "data" / "multi30k"
+    command = [sys.executable, "-m", "transformer_jax.download", "multi30k", "--dest", str(dest)]
+    cli = subprocess.run(
+        [*command, "--base_url", "http://127.0.0.1:9"], capture_output=True, text=True
+    )
+    assert cli.returncode == 1 and cli.stderr.count("\n") == 1, cli.stderr
+    assert cli.stderr.startswith("error: could not download http://127.0.0.1:9/train.en.gz")
+    assert "github.com/multi30k/dataset's data/task1/raw" in cli.stderr
+    assert "--base_url=file:///F" in cli.stderr
+    assert list(tmp_path.iterdir()) == []

@@ -122,7 +122,9 @@ def test_tfds_not_prepared_and_offline_fails_at_once_with_one_line(tmp_path, mon
     (line,) = str(error.value).splitlines()
     folder = tmp_path / "wmt14_translate" / "de-en"
     assert f"data.tfds_name='wmt14_translate/de-en' is not prepared in {folder}" in line
-    assert "network is unreachable" in line and "transformer-jax prepare --config" in line
+    assert "network is unreachable" in line and "transformer-jax prepare" not in line
+    build = "tfds build wmt14_translate/de-en --file_format=array_record --data_dir DIR"
+    assert build in line and line.endswith("and set data.tfds_data_dir=DIR")
     assert list(tmp_path.iterdir()) == []
 
 

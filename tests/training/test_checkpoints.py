@@ -89,3 +89,48 @@ def test_a_failed_save_names_the_os_reason_however_long_the_error(tmp_path, monk
         checkpointer.save_state(_state({"w": jnp.arange(3.0)}), {"position": 0})
     assert len(str(e.value)) < 800 and "\n" not in str(e.value)
     assert shape == "one long line" or str(e.value).endswith("(/full/x)")
+
+
+def test_a_save_that_fails_names_its_own_step_not_the_previous_one(tmp_path, monkeypatch):
+    """Another process lost while step 40 is saved: the error names 40, not the last saved."""
+    state = _state({"w": jnp.arange(3.0)})
+    checkpointer = Checkpointer(str(tmp_path), keep=3)
+    checkpointer.save_state(state.replace(step=np.array(20, np.int32)), {"position": 20})
+
+    def save(*args, **kwargs):
+        raise RuntimeError("DEADLINE_EXCEEDED: barrier timed out; another process is gone")
+
+    monkeypatch.setattr(checkpointer.manager, "save", save)
+    with pytest.raises(OSError, match="saving checkpoint 40 in .* DEADLINE_EXCEEDED"):
+        checkpointer.save_state(state.replace(step=np.array(40, np.int32)), {"position": 40})
+    monkeypatch.undo()
+    checkpointer.close()
+    assert list_steps(str(tmp_path)) == [20]
+
+
+def test_unfinished_saves_are_removed_on_resume_and_nothing_else(tmp_path, capsys):
+    """A run killed mid-save leaves ``{step}.orbax-checkpoint-tmp-*``: the next run's
+    checkpointer removes it (a line each) and keeps every complete checkpoint and other file."""
+    state = _state({"w": jnp.arange(3.0)})
+    checkpointer = Checkpointer(str(tmp_path), keep=3)
+    checkpointer.save_state(state.replace(step=np.array(2, np.int32)), {"position": 2})
+    checkpointer.close()
+    directory = tmp_path / "checkpoints"
+    unfinished = directory / "4.orbax-checkpoint-tmp-1765000000"
+    (unfinished / "params").mkdir(parents=True)
+    (unfinished / "params" / "half_written").write_bytes(b"\0" * 10)
+    kept = [directory / "2.unreadable", directory / "notes.orbax-checkpoint-tmp"]
+    for path in kept:
+        path.mkdir()
+    elsewhere = tmp_path / "snapshots" / "6.orbax-checkpoint-tmp-1"
+    elsewhere.mkdir(parents=True)
+    capsys.readouterr()
+
+    resumed = Checkpointer(str(tmp_path), keep=3)
+    assert not unfinished.exists()
+    assert f"removed the unfinished save of step 4: {unfinished}" in capsys.readouterr().out
+    assert all(path.is_dir() for path in (*kept, elsewhere))
+    restored, data = resumed.restore_state(state)
+    assert int(restored.step) == 2 and data == {"position": 2}
+    resumed.close()
+    assert list_steps(str(tmp_path)) == [2]

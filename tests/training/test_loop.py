@@ -440,6 +440,18 @@ def test_bad_config_values_name_the_field(tmp_path, field, value, message):
         validate_config(config)
 
 
+def test_a_run_refused_for_missing_data_leaves_no_workdir(tmp_path):
+    """No data_cache/, no workdir.lock, no workdir: as if the run had not started."""
+    config, _ = micro_config(tmp_path)
+    (tmp_path / "text").mkdir()
+    config.data.update(source="text", text_dir=str(tmp_path / "text"))
+    config.data.update(src_lang="en", tgt_lang="de")
+    workdir = tmp_path / "run"
+    with pytest.raises(ValueError, match=r"missing text file .*train\.en"):
+        train_and_evaluate(config, str(workdir))
+    assert not workdir.exists()
+
+
 @pytest.mark.parametrize(
     "overrides, message",
     [
@@ -452,6 +464,7 @@ def test_bad_config_values_name_the_field(tmp_path, field, value, message):
             "model.attention_impl='cudnn' needs a GPU",
         ),
         (["--config.model.vocab_size=2000000000"], "parameters (model.vocab_size=2000000000"),
+        (["--config.model.vocab_size=3"], "model.vocab_size must be an integer >= 260"),
         (  # a bool | None field parses as a bool
             ["--config.model.final_norm=True", "--config.model.layer_norm_eps=0"],
             "layer_norm_eps must be a number > 0",

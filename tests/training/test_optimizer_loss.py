@@ -69,7 +69,7 @@ def test_a_training_runs_updates_follow_train_cooldown_steps():
     """Adam's moments do not depend on the rate: with the same gradients, the cooled run's
     update is the factor times the plain run's, update by update."""
     config = default_config()
-    config.model.update(vocab_size=32, d_model=16, num_heads=2, d_ff=32)
+    config.model.update(vocab_size=260, d_model=16, num_heads=2, d_ff=32)
     config.model.update(num_encoder_layers=1, num_decoder_layers=1)
     config.train.update(num_steps=4, warmup_steps=2, cooldown_steps=3)
     plain = config.copy_and_resolve_references()

@@ -10,7 +10,13 @@ from transformer_jax.data.batching import (
 )
 from transformer_jax.data.grouping import bucket_lengths
 from transformer_jax.data.pipeline import encoded_split, eval_split_batches, train_iterator
-from transformer_jax.data.preparation import get_tokenizer, prepare_data, prepared_path, run_splits
+from transformer_jax.data.preparation import (
+    cache_dir,
+    get_tokenizer,
+    prepare_data,
+    prepared_path,
+    run_splits,
+)
 from transformer_jax.data.sources import SOURCES, load_pairs
 from transformer_jax.data.synthetic import synthetic_pairs
 from transformer_jax.data.tokenizer import (
@@ -34,6 +40,7 @@ __all__ = [
     "Tokenizer",
     "TrainIterator",
     "bucket_lengths",
+    "cache_dir",
     "encoded_split",
     "eval_batches",
     "eval_split_batches",

@@ -14,6 +14,7 @@ WMT14 English-German, the paper's data (``configs/base.py``, ``big.py``), is TFD
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import os
 import urllib.error
@@ -23,10 +24,19 @@ from collections.abc import Sequence
 MULTI30K_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw"
 MULTI30K_SPLITS = {"train": 29_000, "val": 1_014, "test_2016_flickr": 1_000}  # lines each
 MULTI30K_LANGS = ("en", "de", "fr")
+
+
+def tfds_build(name: str) -> str:
+    """The command that prepares TFDS dataset ``name`` as ``data.tfds_data_dir=DIR`` reads it."""
+    return (
+        f"`tfds build {name} --file_format=array_record --data_dir DIR` (the tfds command "
+        "needs `pip install tensorflow`)"
+    )
+
+
 WMT14 = (
     "WMT14 English-German is TFDS's wmt14_translate/de-en: prepare it on a machine with network "
-    "access with `tfds build wmt14_translate/de-en --file_format=array_record --data_dir DIR` "
-    "(the tfds command needs `pip install tensorflow`), then train with "
+    f"access with {tfds_build('wmt14_translate/de-en')}, then train with "
     "--config.data.tfds_data_dir=DIR"
 )
 TIMEOUT_S = 60
@@ -43,20 +53,36 @@ def download_multi30k(
     unknown = sorted(set(langs) - set(MULTI30K_LANGS))
     if unknown:
         raise ValueError(f"Multi30k has no language {unknown}; it has {list(MULTI30K_LANGS)}")
+    created = _missing_folders(dest)
     os.makedirs(dest, exist_ok=True)
     written = []
-    for split, lines in MULTI30K_SPLITS.items():
-        for lang in langs:
-            path = os.path.join(dest, f"{split}.{lang}")
-            if _line_count(path) == lines:
-                continue
-            url = f"{base_url.rstrip('/')}/{split}.{lang}.gz"
-            data = _fetch(url)
-            if (found := data.count(b"\n")) != lines:
-                raise ValueError(f"{url} has {found} lines, not {lines}")
-            _write_atomically(path, data)
-            written.append(path)
+    try:
+        for split, lines in MULTI30K_SPLITS.items():
+            for lang in langs:
+                path = os.path.join(dest, f"{split}.{lang}")
+                if _line_count(path) == lines:
+                    continue
+                url = f"{base_url.rstrip('/')}/{split}.{lang}.gz"
+                data = _fetch(url)
+                if (found := data.count(b"\n")) != lines:
+                    raise ValueError(f"{url} has {found} lines, not {lines}")
+                _write_atomically(path, data)
+                written.append(path)
+    except (ValueError, OSError):
+        for folder in created:  # the folders made here, if still empty, deepest first
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
+        raise
     return written
+
+
+def _missing_folders(dest: str) -> list[str]:
+    """The folders ``os.makedirs(dest)`` would create, deepest first."""
+    missing, folder = [], os.path.abspath(dest)
+    while not os.path.exists(folder):
+        missing.append(folder)
+        folder = os.path.dirname(folder)
+    return missing
 
 
 def _fetch(url: str) -> bytes:
@@ -66,7 +92,11 @@ def _fetch(url: str) -> bytes:
             compressed = response.read()
     except (urllib.error.URLError, OSError) as e:
         reason = getattr(e, "reason", None) or e
-        raise ValueError(f"could not download {url}: {reason}") from None
+        raise ValueError(
+            f"could not download {url}: {reason}; without network here, copy the "
+            "{split}.{lang}.gz files of github.com/multi30k/dataset's data/task1/raw (from a "
+            "machine with network) to a folder F and rerun with --base_url=file:///F"
+        ) from None
     try:
         return gzip.decompress(compressed)
     except (OSError, EOFError) as e:
@@ -82,6 +112,11 @@ def _line_count(path: str) -> int | None:
 
 def _write_atomically(path: str, data: bytes) -> None:
     partial = f"{path}.partial"
-    with open(partial, "wb") as f:
-        f.write(data)
-    os.replace(partial, path)
+    try:
+        with open(partial, "wb") as f:
+            f.write(data)
+        os.replace(partial, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.remove(partial)
+        raise

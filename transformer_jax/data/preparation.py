@@ -120,14 +120,15 @@ def _key(origin: dict[str, Any]) -> str:
     return hashlib.sha1(json.dumps(origin, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _data_dir(data_config: Any, workdir: str) -> str:
+def cache_dir(data_config: Any, workdir: str) -> str:
+    """Where a run's spools and prepared splits are: ``data.data_dir`` or its data_cache/."""
     return data_config.data_dir or os.path.join(workdir, CACHE_DIR)
 
 
 def spool_path(data_config: Any, split: str, workdir: str) -> str:
     """Where the pairs of a split read to train the tokenizer are kept for encoding."""
     name = f"{split}-{_key(_origin(data_config, split))}.spool"
-    return os.path.join(_data_dir(data_config, workdir), name)
+    return os.path.join(cache_dir(data_config, workdir), name)
 
 
 def read_pairs(data_config: Any, split: str, workdir: str, counts: ReadCounts) -> Iterator[Pair]:
@@ -144,7 +145,7 @@ def prepared_path(data_config: Any, split: str, tokenizer: Tokenizer, workdir: s
     origin.update(tokenizer=tokenizer.fingerprint)
     if tokenizer.target_vocab_size is not None:
         origin["target_vocab_size"] = tokenizer.target_vocab_size
-    return os.path.join(_data_dir(data_config, workdir), f"{split}-{_key(origin)}")
+    return os.path.join(cache_dir(data_config, workdir), f"{split}-{_key(origin)}")
 
 
 def encode_pairs(tokenizer: Tokenizer, pairs: list[Pair], num_threads: int = -1) -> EncodedPairs:

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Iterator
 from itertools import zip_longest
 from typing import Any
 
+from transformer_jax.data.download import tfds_build
 from transformer_jax.data.synthetic import synthetic_pairs
 
 SOURCES = ("tfds", "text", "synthetic")
@@ -243,8 +244,7 @@ def _tfds_source(name: str, split: str, data_dir: str | None) -> Any:
         f"(data.tfds_data_dir={data_dir or ''!r})"
     )
     hint = (
-        f"prepare it where {TFDS_DOWNLOADS} is reachable (`transformer-jax prepare --config "
-        "CONFIG --config.data.tfds_data_dir=DIR`, which has TFDS download it) and set "
+        f"prepare it on a machine with network access with {tfds_build(name)} and set "
         "data.tfds_data_dir=DIR"
     )
     if reason := _unreachable(TFDS_DOWNLOADS, TFDS_PROBE_TIMEOUT):

@@ -163,6 +163,15 @@ def sample_indices(count: int, max_sentences: int, seed: int = 0) -> np.ndarray:
     return np.sort(np.random.default_rng(seed).choice(count, max_sentences, replace=False))
 
 
+def check_vocab_size(vocab_size: object) -> None:
+    """ValueError naming ``model.vocab_size`` if a tokenizer cannot have that many pieces."""
+    if not isinstance(vocab_size, int) or vocab_size < MIN_VOCAB_SIZE:
+        raise ValueError(
+            f"model.vocab_size must be an integer >= {MIN_VOCAB_SIZE} (4 special ids + 256 "
+            f"byte-fallback pieces), got {vocab_size!r}"
+        )
+
+
 def train_tokenizer(
     sentences: Iterable[str],
     path: str,
@@ -180,11 +189,7 @@ def train_tokenizer(
     the pieces are numbered by their frequency there (:func:`order_by_frequency`); the
     tokenizer returned limits them to ``target_vocab_size``. ``sentences`` is read once.
     """
-    if not isinstance(vocab_size, int) or vocab_size < MIN_VOCAB_SIZE:
-        raise ValueError(
-            f"model.vocab_size must be an integer >= {MIN_VOCAB_SIZE} (4 special ids + 256 "
-            f"byte-fallback pieces), got {vocab_size!r}"
-        )
+    check_vocab_size(vocab_size)
     texts = [t for t in (s.strip() for s in sentences) if t]
     if not texts:
         raise ValueError("cannot train a tokenizer: no non-empty training sentences")

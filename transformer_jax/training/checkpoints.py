@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 from typing import Any
 
@@ -39,6 +40,7 @@ CHECKPOINT_DIR = "checkpoints"
 AVERAGED_DIR = "averaged"
 SNAPSHOT_DIR = "snapshots"
 CONFIG_FILE = "config.json"
+UNFINISHED = ".orbax-checkpoint-tmp"  # Orbax's suffix of a step's save until it completes
 
 
 def _train_items(state: TrainState) -> dict[str, Any]:
@@ -69,6 +71,8 @@ class Checkpointer:
 
     def __init__(self, workdir: str, keep: int):
         self.directory = os.path.join(workdir, CHECKPOINT_DIR)
+        if jax.process_index() == 0:
+            remove_unfinished(self.directory)
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep, create=True, enable_async_checkpointing=True
         )
@@ -98,7 +102,8 @@ class Checkpointer:
                 f"{f' and {len(bad) - 1} more' if len(bad) > 1 else ''}); not saved. "
                 f"{self.describe_newest()}"
             )
-        self.check()
+        self.wait()  # the previous save's errors are its own; from here on, this step's
+        self.saving = step
         train = _train_items(state)
         args = ocp.args.Composite(
             params=ocp.args.StandardSave(state.params),
@@ -108,11 +113,10 @@ class Checkpointer:
                 {"params": checksums(state.params), "train": checksums(train)}
             ),
         )
-        try:  # waits for the previous save, and raises its error
+        try:
             self.manager.save(step, args=args, force=True)
         except Exception as e:  # noqa: BLE001 - whatever the writer threads raised
             raise self._failed(e) from None
-        self.saving = step
 
     def check(self) -> None:
         """Raise OSError at once if the last asynchronous save failed."""
@@ -237,6 +241,19 @@ class Checkpointer:
         finally:
             self.manager.close()
             self.manager = None
+
+
+def remove_unfinished(directory: str) -> None:
+    """Remove the saves in ``directory`` that never completed (``{step}.orbax-checkpoint-tmp*``,
+    left by a run killed mid-save), a line for each; a complete checkpoint is not touched."""
+    if not os.path.isdir(directory):
+        return
+    for name in sorted(os.listdir(directory)):
+        path = os.path.join(directory, name)
+        step, mark, _ = name.partition(UNFINISHED)
+        if mark and step.isdigit() and os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+            print(f"removed the unfinished save of step {step}: {path}")
 
 
 def _reason(error: BaseException) -> str:

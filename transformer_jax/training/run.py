@@ -28,6 +28,7 @@ from transformer_jax.training.optimizer import (
 from transformer_jax.training.parallel import DataParallel
 from transformer_jax.training.schema import RESUMABLE, default_config
 from transformer_jax.training.steps import TrainState, create_train_state
+from transformer_jax.training.workdir import empty_folders_removed
 
 CONFIG_HISTORY_FILE = "config_history.jsonl"
 
@@ -149,20 +150,22 @@ def start_run(
         vocab_size = config.model.vocab_size
         return data_lib.get_tokenizer(config.data, workdir, vocab_size, target_vocab).model_proto
 
-    # trained and written by process 0 alone; the other processes receive its bytes
-    tokenizer = data_lib.Tokenizer(from_process_zero(tokenizer_bytes), target_vocab)
-    if tokenizer.vocab_size > model_config.src_vocab:
-        raise ValueError(
-            f"model.vocab_size={model_config.src_vocab} is smaller than the tokenizer's "
-            f"{tokenizer.vocab_size} pieces in {workdir}/tokenizer.model"
-        )
-
     def prepare() -> bytes:
         splits = data_lib.run_splits(config.data, config.train.final_test)
         data_lib.prepare_data(config.data, workdir, tokenizer, splits)
         return b""
 
-    from_process_zero(prepare)  # the others then map the files process 0 wrote
+    with empty_folders_removed(
+        data_lib.cache_dir(config.data, workdir)
+    ):  # data missing: no empty data_cache/ left
+        # trained and written by process 0 alone; the other processes receive its bytes
+        tokenizer = data_lib.Tokenizer(from_process_zero(tokenizer_bytes), target_vocab)
+        if tokenizer.vocab_size > model_config.src_vocab:
+            raise ValueError(
+                f"model.vocab_size={model_config.src_vocab} is smaller than the tokenizer's "
+                f"{tokenizer.vocab_size} pieces in {workdir}/tokenizer.model"
+            )
+        from_process_zero(prepare)  # the others then map the files process 0 wrote
     dp = make_parallel(
         config.train.parallel,
         Transformer(model_config),

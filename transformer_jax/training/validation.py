@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from transformer_jax.data.tokenizer import PAD_ID
+from transformer_jax.data.tokenizer import PAD_ID, check_vocab_size
 from transformer_jax.model.config import TransformerConfig, from_config_dict
 from transformer_jax.model.transformer import parameter_shapes
 from transformer_jax.options import CUDA_PLATFORMS
@@ -45,6 +45,7 @@ def validate_config(config: ml_collections.ConfigDict) -> TransformerConfig:
         )
 
     model = from_config_dict(config.model)
+    check_vocab_size(model.vocab_size)  # the run's tokenizer has at least that many pieces
     if model.pad_id != PAD_ID:
         raise ValueError(
             f"model.pad_id={model.pad_id} must be {PAD_ID}: the tokenizer and the batches "
