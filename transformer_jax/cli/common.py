@@ -11,9 +11,7 @@ from typing import Any
 from absl import flags
 
 from transformer_jax.cli.flags import define_cache_flags
-from transformer_jax.inference.config import DecodeConfig
-
-DECODE = DecodeConfig()  # the defaults of the decoding flags left unset and not in the run
+from transformer_jax.inference.config import PAPER
 
 
 def define_decode_flags(values: flags.FlagValues) -> None:
@@ -36,17 +34,17 @@ def define_decode_flags(values: flags.FlagValues) -> None:
     flags.DEFINE_integer(
         "beam_size",
         None,
-        f"Default: config.decode.beam_size ({DECODE.beam_size}).",
+        f"Default: config.decode.beam_size ({PAPER.beam_size}).",
         lower_bound=1,
         **define,
     )
     flags.DEFINE_float(
-        "alpha", None, f"Length penalty; default: config.decode.alpha ({DECODE.alpha}).", **define
+        "alpha", None, f"Length penalty; default: config.decode.alpha ({PAPER.alpha}).", **define
     )
     flags.DEFINE_integer(
         "max_extra_len",
         None,
-        f"Output <= input + this; default: config.decode.max_extra_len ({DECODE.max_extra_len}).",
+        f"Output <= input + this; default: config.decode.max_extra_len ({PAPER.max_extra_len}).",
         lower_bound=0,
         **define,
     )
@@ -63,7 +61,7 @@ def decode_options(values: flags.FlagValues, run: Any) -> dict[str, Any]:
 
     def pick(name: str) -> Any:
         given = values[name].value
-        return given if given is not None else decode.get(name, getattr(DECODE, name))
+        return given if given is not None else decode.get(name, getattr(PAPER, name))
 
     return {
         "beam_size": pick("beam_size"),

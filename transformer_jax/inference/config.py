@@ -20,3 +20,6 @@ class DecodeConfig:
     max_extra_len: int = setting(
         50, "maximum output length = input length + this", integer(0), resumable=True
     )
+
+
+PAPER = DecodeConfig()  # the paper's decoding (§6.1): the defaults of the decoding functions
