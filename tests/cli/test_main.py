@@ -2,6 +2,7 @@
 line, its ``--help`` keeping the description's layout, and packaged configs by name."""
 
 import os
+import resource
 import subprocess
 import sys
 
@@ -116,7 +117,9 @@ REFUSED_VALUES = [  # a field's check refuses it: exit 1, the field named
 
 
 @pytest.mark.parametrize("argv", LIGHT + REFUSED_VALUES, ids=" ".join)
-def test_usage_help_and_flag_errors_import_no_jax(argv, tmp_path):
+def test_usage_help_and_flag_errors_import_no_jax(argv, tmp_path, record_property):
+    """Each in a fresh process, its CPU seconds recorded (``--junitxml``: property ``cpu_s``)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     result = subprocess.run(
         [sys.executable, "-c", IMPORTED, *argv],
         capture_output=True,
@@ -125,6 +128,9 @@ def test_usage_help_and_flag_errors_import_no_jax(argv, tmp_path):
         cwd=tmp_path,
         timeout=120,
     )
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    record_property("cpu_s", round(cpu, 3))
     *said, heavy = result.stderr.splitlines() or [""]
     assert heavy == "", f"{argv} imported {heavy}"
     code = 0 if "--help" in argv else 1 if argv in REFUSED_VALUES else 2
