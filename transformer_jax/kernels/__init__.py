@@ -1,6 +1,7 @@
 """The one seam for backend-specific code: the ops the model calls and the process settings.
 
-Two kernel sets give the same values (tests check it):
+Two kernel sets give the same values (tests check it), in :mod:`.sets` (imported, with JAX,
+when first named here: the host's settings below import no JAX):
 
 - ``xla``: plain ``jnp.einsum`` / ``lax.dot_general`` at the configured precision,
   ``jax.random.bits`` for dropout (its mask kept as bits for the backward pass,
