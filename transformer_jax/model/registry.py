@@ -16,6 +16,8 @@ file that imports the module registering it makes ``--config.model.ffn=NAME`` wo
 given as a module attribute is looked up here by identity: a registered one brings its
 declarations and checks, another one is anonymous (no checks of its own; a score hook keeps the
 positions the config names). :func:`check` holds the rules, for names and module arguments alike.
+The library's names are listed in :data:`SHIPPED` with the module that ships each: a config's
+names are checked without importing Flax, the pieces are imported once a config is made.
 """
 
 from __future__ import annotations
