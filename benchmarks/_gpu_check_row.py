@@ -38,7 +38,7 @@ from transformer_jax.aot.plan import products_precision
 from transformer_jax.aot.programs import plugin_available
 from transformer_jax.compilation_cache import use_compilation_cache
 from transformer_jax.configs import config_file
-from transformer_jax.data.plans import batch_rows
+from transformer_jax.data.grouping import batch_rows
 from transformer_jax.ids import EOS_ID
 from transformer_jax.inference.translation import decode_batch
 from transformer_jax.model.transformer import Transformer

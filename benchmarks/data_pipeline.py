@@ -20,9 +20,13 @@ Each stage then runs in its own process, timed and with its peak RSS (``ru_maxrs
   the same start on N pairs of prepared arrays written directly (uint16 ids, source and
   target lengths 1 + Poisson(15.7) and 1 + Poisson(15.3), the synthetic corpus's means; no
   text, tokenizer or encoding), opened with ``prepared.open_split``;
-* then ``--batches`` batches: host batches/s and real target tokens/s, with the base
+* then ``--batches`` batches: host batches/s (and per CPU second of the process, what one
+  core gives whatever else the machine runs) and real target tokens/s, with the base
   config's batching (``data.tokens_per_batch`` 25,000, ``data.max_len`` 256, 8 shards),
   one process filling every row (a process of a multi-host run fills only its share).
+
+With ``--boundary N``, instead: the training thread's wait for batches across a
+BPE-dropout epoch boundary at N pairs of Multi30k repeated (``_data_boundary``).
 
 What 8 GPUs consume (the assumption, printed with the table): 8 H100s at ``--mfu`` of
 989 dense bfloat16 TFLOP/s each, running the base model at its training FLOPs per token
@@ -34,6 +38,7 @@ token x 50,000). "headroom" is host batches/s over that.
     python benchmarks/data_pipeline.py --smoke
     python benchmarks/data_pipeline.py --sizes 3000000 --keep /tmp/c3m  # again: start only
     python benchmarks/data_pipeline.py --mapped 36000000 --keep /tmp/m36m --batches 50
+    python benchmarks/data_pipeline.py --boundary 3000000 --keep /tmp/b3m --json b.json
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ from typing import Any
 
 import _common  # noqa: F401  (puts the repository root on sys.path)
 from _common import ROOT, cpu_model, table, write_json
+from _data_boundary import measure_boundary, run_boundary
 
 H100_BF16_FLOPS = 989e12  # dense bfloat16, SXM datasheet
 GPUS = 8
@@ -137,7 +143,9 @@ def start_run(stage: str, directory: str, config: Any, tokenizer: Any) -> Any:
     return TrainIterator(pipeline.make_batcher(config, encoded, GPUS), config.seed)
 
 
-def run_stage(stage: str, directory: str, vocab: int, batches: int, smoke: bool) -> dict:
+def run_stage(
+    stage: str, directory: str, vocab: int, batches: int, smoke: bool, step_ms: float = 0.0
+) -> dict:
     """One stage in this process (the script runs each in a process of its own)."""
     import numpy as np
 
@@ -147,6 +155,9 @@ def run_stage(stage: str, directory: str, vocab: int, batches: int, smoke: bool)
     workdir = os.path.join(directory, "run")
     before, start = rss_bytes(), time.perf_counter()
     record: dict[str, Any] = {}
+    if stage.startswith("boundary"):
+        config.update(bpe_dropout=0.1, tokens_per_batch=25_000 if not smoke else 2048)
+        return run_boundary(config, workdir, vocab, step_ms, ahead=stage == "boundary ahead")
     if stage == "tokenizer":
         preparation.get_tokenizer(config, workdir, vocab)
     else:
@@ -168,11 +179,12 @@ def run_stage(stage: str, directory: str, vocab: int, batches: int, smoke: bool)
             pairs = iterator.batcher.pairs
             record["mean_src_len"] = float(pairs.src_offsets[-1] / len(pairs))
             record["mean_tgt_len"] = float(pairs.tgt_offsets[-1] / len(pairs))
-            began, tokens = time.perf_counter(), 0
+            began, cpu, tokens = time.perf_counter(), time.process_time(), 0
             for _ in range(batches):
                 tokens += int(np.count_nonzero(next(iterator)["tgt_out"]))
-            elapsed = time.perf_counter() - began
+            elapsed, cpu = time.perf_counter() - began, time.process_time() - cpu
             record.update(batches_per_s=batches / elapsed, tgt_tokens_per_s=tokens / elapsed)
+            record["batches_per_cpu_s"] = batches / cpu
     record.setdefault("seconds", time.perf_counter() - start)
     record["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return record
@@ -181,6 +193,7 @@ def run_stage(stage: str, directory: str, vocab: int, batches: int, smoke: bool)
 def stage_in_process(stage: str, directory: str, args: argparse.Namespace) -> dict:
     command = [sys.executable, __file__, "--stage", stage, "--dir", directory]
     command += ["--vocab", str(args.vocab), "--batches", str(args.batches)]
+    command += ["--step-ms", str(args.step_ms)]
     command += ["--smoke"] if args.smoke else []
     env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
     done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
@@ -273,6 +286,7 @@ def rows_of(result: dict[str, Any]) -> list[list[Any]]:
                 record.get("rss_added", float("nan")) / gib,
                 record.get("anon_added", float("nan")) / gib,
                 rate,
+                record.get("batches_per_cpu_s", float("nan")),
                 record.get("tgt_tokens_per_s", float("nan")),
                 rate / result["gpu_steps_per_s"],
             ]
@@ -298,13 +312,26 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         type=int,
         help="only the starts of this many pairs of prepared arrays written directly",
     )
+    parser.add_argument(
+        "--boundary",
+        type=int,
+        help="only the wait for batches across a BPE-dropout epoch boundary at this many pairs",
+    )
+    parser.add_argument(
+        "--step-ms", type=float, default=100.0, help="--boundary: the emulated device step"
+    )
+    parser.add_argument(
+        "--no-ahead", action="store_true", help="--boundary: also epoch 1 sampled when opened"
+    )
     parser.add_argument("--stage", help=argparse.SUPPRESS)
     parser.add_argument("--dir", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.stage:
-        record = run_stage(args.stage, args.dir, args.vocab, args.batches, args.smoke)
+        record = run_stage(args.stage, args.dir, args.vocab, args.batches, args.smoke, args.step_ms)
         print("STAGE " + json.dumps(record))
         return record
+    if args.boundary:
+        return measure_boundary(args, stage_in_process)
     sizes = [args.mapped] if args.mapped else [int(s) for s in args.sizes.split(",")]
     if not sizes or min(sizes) < 1 or args.batches < 1 or not 0 < args.mfu <= 1:
         raise ValueError("--sizes and --batches must be positive, --mfu in (0, 1]")
@@ -323,6 +350,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "RSS added GiB",
         "anon added GiB",
         "batches/s",
+        "batches/CPU s",
         "tgt tokens/s",
         "headroom",
     ]

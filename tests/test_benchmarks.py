@@ -10,6 +10,7 @@ import glob
 import importlib.util
 import json
 import os
+import random
 import subprocess
 import sys
 import tomllib
@@ -733,6 +734,28 @@ def test_data_pipeline_smoke():
     assert result["encode"]["peak_rss"] > 0 and result["gpu_steps_per_s"] > 0
 
 
+@pytest.mark.slow  # two stage processes, each importing JAX and sampling epochs (~60 s)
+def test_data_pipeline_boundary_smoke(tmp_path, monkeypatch):
+    """Epochs 0 and 1 under BPE-dropout across the boundary, ahead and when opened, on a
+    corpus in Multi30k's layout; epoch 0's files removed once epoch 1 is read."""
+    rng = random.Random(0)
+    words = "a dog cat runs sees the big small house tree".split()
+    for name in ("train", "val", "test_2016_flickr"):
+        for lang in ("en", "de"):
+            lines = [" ".join(rng.choices(words, k=rng.randint(1, 12))) for _ in range(300)]
+            (tmp_path / f"{name}.{lang}").write_text("\n".join(lines) + "\n")
+    script = _script("data_pipeline")  # imports _data_boundary, whose corpus is this one
+    monkeypatch.setattr(sys.modules["_data_boundary"], "MULTI30K", str(tmp_path))
+    args = ["--smoke", "--boundary", "2000", "--step-ms", "1", "--no-ahead"]
+    payload = script.main([*args, "--json", str(tmp_path / "boundary.json")])
+    ahead, opened = payload["results"]
+    assert ahead["ahead"] and not opened["ahead"] and ahead["pairs"] == 2000
+    for result in (ahead, opened):
+        assert result["batches_per_epoch"] > 0 and result["boundary_step_wait_s"] >= 0
+        assert not any(name.startswith("epoch-0") for name in result["epoch_files"])
+    assert len(payload["rows"]) == 2 and not _script("tables").problems(payload, "b.json")
+
+
 def test_data_pipeline_writes_mapped_arrays_that_open_as_a_prepared_split(tmp_path):
     script = _script("data_pipeline")
     script.write_mapped(str(tmp_path / "mapped"), 5000, vocab=400)
@@ -750,6 +773,7 @@ def test_data_pipeline_mapped_smoke():
     assert result["pairs"] == 2000 and "encode" not in result  # --smoke's size
     for stage in ("mapped bucketed", "mapped packed"):
         assert result[stage]["batches_per_s"] > 0 and result[stage]["anon_added"] > 0
+        assert result[stage]["batches_per_cpu_s"] > 0
 
 
 @pytest.mark.slow  # seven stage processes, each importing JAX (~40 s)

@@ -4,7 +4,8 @@ Each test compiles a real program of ``configs/base.py`` or ``configs/big.py`` f
 or eight H100s (:mod:`transformer_jax.aot.programs`) and checks the optimized module:
 it compiles; cuDNN attention is there exactly where asked (forward and backward of every
 attention sub-layer); the per-device memory is under the GPU's; no host transfer and no
-``optimization_barrier``; float32 products at HIGHEST; the eight-GPU step all-reduces.
+``optimization_barrier``; float32 products at HIGHEST; the eight-GPU step all-reduces,
+or under ``mesh`` gathers the parameters and reduce-scatters the gradients.
 Without JAX's CUDA plugin (``pip install -e '.[gpu-aot]'``) every test skips.
 """
 
@@ -86,6 +87,26 @@ def test_mesh_train_step_compiles_for_8_h100s_with_sharded_parameters():
     whole = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state))
     assert compiled.argument_bytes < whole / 4, (compiled.argument_bytes, whole)
     assert {"all-gather", "reduce-scatter"} <= set(compiled.hlo["collectives"]), compiled.hlo
+
+
+def test_big_mesh_step_moves_parameters_and_gradients_not_activations():
+    """big's own mesh program on 8 H100s (FSDP over 8): all-gathers of the parameters at
+    the compute dtype (bfloat16 matrices, float32 vectors), once; reduce-scatters of as
+    many gradient bytes; no gradient all-reduce. An async collective's bytes count its
+    operands and results, (1 + 1/8) x the whole. The embedding lookups read the table the
+    logits gather: the all-to-alls carry only their 2 gradients (one device's bfloat16
+    [rows, length, d_model] each, operands and results) to the table's shards, and ids."""
+    config, model = run_config("big", "bfloat16-cudnn")
+    devices = programs.gpu_devices(H100, "1x1x8")
+    compiled = programs.train_program(model, config, devices, ROWS * 8, LENGTH, "mesh")
+    params = jax.tree.leaves(programs.abstract_state(model, config).params)
+    compute = sum(x.size * (4 if x.ndim == 1 else 2) for x in params)
+    moved = compiled.hlo["collectives"]
+    assert moved["all-gather"]["bytes"] == pytest.approx(compute * 9 / 8, rel=0.01), moved
+    assert moved["reduce-scatter"]["bytes"] == pytest.approx(compute * 9 / 8, rel=0.01), moved
+    assert moved["all-reduce"]["bytes"] < 2**20, moved  # the metrics' sums
+    activation = ROWS * LENGTH * model.d_model * 2
+    assert 2 * 2 * activation <= moved["all-to-all"]["bytes"] < 2 * 2 * activation + 2**20, moved
 
 
 @pytest.mark.parametrize("arithmetic", ["bfloat16-cudnn", "float32"])

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from conftest import TINY_CONFIG
 
-from transformer_jax.data import batching, pipeline, plans, preparation
+from transformer_jax.data import batching, grouping, pipeline, preparation
 from transformer_jax.data.batching import Batcher, EncodedPairs, TrainIterator, eval_batches
 from transformer_jax.data.synthetic import synthetic_pairs
 from transformer_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
@@ -62,12 +62,6 @@ def expected(pairs, max_len=MAX_LEN):
     return collections.Counter(p for p in all_pairs if max(len(p[0]), len(p[1])) + 1 <= max_len)
 
 
-def test_bucket_lengths():
-    assert plans.bucket_lengths(64) == (8, 16, 24, 32, 40, 48, 56, 64)
-    assert plans.bucket_lengths(256)[-9:] == (64, 80, 96, 112, 128, 160, 192, 224, 256)
-    assert plans.bucket_lengths(100)[-1] == 100 and len(plans.bucket_lengths(1024)) < 30
-
-
 @pytest.mark.parametrize("packing", [False, True])
 def test_one_epoch_has_every_pair_once_within_budget(packing):
     pairs = random_pairs()
@@ -90,7 +84,7 @@ def test_one_epoch_has_every_pair_once_within_budget(packing):
     end = {"pair": stats["pairs"]} if packing else {}
     assert iterator.get_state() == {"epoch": 0, "index": n, **end}
     assert stats["batches_per_epoch"] == (None if packing else n)
-    assert len(shapes) <= len(plans.bucket_lengths(MAX_LEN))
+    assert len(shapes) <= len(grouping.bucket_lengths(MAX_LEN))
     assert stats["dropped_too_long"] == len(pairs) - sum(expected(pairs).values()) > 0
     assert stats["pairs"] == sum(expected(pairs).values())
     assert 0.3 < stats["padding_efficiency"] <= 1.0
@@ -191,56 +185,75 @@ def test_budget_errors():
         TrainIterator(Batcher(random_pairs(10), tokens_per_batch=100, max_len=2))
 
 
-def reference_plan_packed(order, src_lengths, tgt_lengths, tokens_per_batch, max_len, shards):
-    """The packing plan's first fit, one pair at a time (the reference for ``plan_packed``)."""
-    rows = plans.batch_rows(tokens_per_batch, max_len, shards)
-    planned, pairs, assigned = [], [], []
-    src_free, tgt_free = np.full(rows, max_len), np.full(rows, max_len)
-    for i in order:
-        ls, lt = src_lengths[i], tgt_lengths[i]
-        fits = np.flatnonzero((src_free >= ls) & (tgt_free >= lt))
-        if len(fits) == 0 and pairs:  # a pair that opens a batch takes row 0
-            planned.append((pairs, assigned))
-            src_free[:], tgt_free[:] = max_len, max_len
-            pairs, assigned = [], []
-        if len(fits) == 0:
-            fits = [0]
-        src_free[fits[0]] -= ls
-        tgt_free[fits[0]] -= lt
-        pairs.append(int(i))
-        assigned.append(int(fits[0]))
-    if pairs:
-        planned.append((pairs, assigned))
-    return planned
+def laid_out_one_by_one(pairs, planned, packing, process_index, process_count):
+    """One planned batch's rows of a process, pair by pair: in each row, a row's pairs in
+    order, each sequence where the one before it ends (ids + EOS, BOS + ids), then padding."""
+    local = planned.num_rows // process_count
+    keys = ("src", "tgt_in", "tgt_out")
+    keys += ("src_segments", "src_positions", "tgt_segments", "tgt_positions") * packing
+    rows = {key: [[] for _ in range(local)] for key in keys}
+    for pair, row in zip(planned.pairs.tolist(), planned.rows.tolist(), strict=True):
+        r = row - process_index * local
+        if not 0 <= r < local:
+            continue
+        src, tgt = pairs.source(pair).tolist(), pairs.target(pair).tolist()
+        rows["src"][r] += src + [EOS_ID]
+        rows["tgt_in"][r] += [BOS_ID] + tgt
+        rows["tgt_out"][r] += tgt + [EOS_ID]
+        if packing:
+            segment = len(set(rows["src_segments"][r])) + 1
+            for side, ids in (("src", src), ("tgt", tgt)):
+                rows[f"{side}_segments"][r] += [segment] * (len(ids) + 1)
+                rows[f"{side}_positions"][r] += list(range(len(ids) + 1))
+    return {
+        key: np.array([row + [PAD_ID] * (planned.length - len(row)) for row in table], np.int32)
+        for key, table in rows.items()
+    }
+
+
+def batch_hash(batch):
+    return hash(tuple((key, batch[key].shape, batch[key].tobytes()) for key in sorted(batch)))
 
 
 @pytest.mark.parametrize(
-    "seed,n,shards,tokens_per_batch,max_len,longest",
+    "packing,tokens_per_batch,max_len,shards,process_count,longest",
     [
-        (0, 3000, 8, 25000, 256, 120),  # base budget, rows left partly empty
-        (1, 2000, 1, 64, 16, 17),  # a few rows, pairs filling a row exactly, too-long pairs
-        (2, 1500, 2, 96, 8, 9),  # short rows, many exact fills and too-long pairs
-        (3, 1, 1, 16, 16, 16),  # one pair: the last batch is partial
-        (4, 0, 1, 16, 16, 16),  # no pair
-        (5, 4000, 4, 2048, 64, 70),  # blocks of rows partly past the last row (15 rows)
+        (False, 512, 32, 2, 1, 40),
+        (False, 1024, 64, 4, 2, 70),
+        (True, 512, 32, 2, 1, 40),
+        (True, 1024, 64, 4, 2, 70),  # a process fills half the rows
+        (True, 64, 16, 1, 1, 4),  # many pairs per row
+        (True, 2048, 256, 8, 1, 120),  # base's max_len, 8 rows
     ],
 )
-def test_packed_plan_equals_the_pair_by_pair_first_fit(
-    seed, n, shards, tokens_per_batch, max_len, longest, monkeypatch
+def test_batches_equal_the_pair_by_pair_layout(
+    packing, tokens_per_batch, max_len, shards, process_count, longest
 ):
-    monkeypatch.setattr(plans, "FIT_CHUNK", 97)  # batches open across chunks
-    rng = np.random.default_rng(seed)
-    src_lengths = rng.integers(1, longest + 1, n).astype(np.int32)
-    tgt_lengths = rng.integers(1, longest + 1, n).astype(np.int32)
-    if n > 10:  # pairs of exactly max_len, and lengths that fill a row in a few pairs
-        src_lengths[::7], tgt_lengths[::11] = max_len, max_len
-        src_lengths[3::5], tgt_lengths[3::5] = max_len // 2, max_len // 4
-    order = rng.permutation(n).astype(np.int32)
-    args = (src_lengths, tgt_lengths, tokens_per_batch, max_len, shards)
-    planned = plans.plan_packed(order, *args)
-    reference = reference_plan_packed(order, *args)
-    assert [(p.pairs.tolist(), p.rows.tolist()) for p in planned] == reference
-    assert len(reference) >= min(n, 1) + (n > 10)  # several batches, the last one partial
+    """An epoch's batches and the eval batches, filled, against the same plans laid out one
+    pair at a time (the sorted hashes of all batches, and each batch in order)."""
+    pairs = random_pairs(1500, seed=max_len, longest=longest)
+    for index in range(process_count):
+        batcher = Batcher(
+            pairs,
+            tokens_per_batch=tokens_per_batch,
+            max_len=max_len,
+            packing=packing,
+            num_shards=shards,
+            process_index=index,
+            process_count=process_count,
+        )
+        iterator = TrainIterator(batcher, seed=5)
+        epoch = iterator.epoch_plan(0)
+        batches = [next(iterator) for _ in epoch] + eval_batches(batcher)
+        shortest_first = batcher.kept[np.argsort(batcher.lengths[batcher.kept], kind="stable")]
+        plan = [*epoch, *batcher.plan(shortest_first)]
+        laid_out = [laid_out_one_by_one(pairs, p, packing, index, process_count) for p in plan]
+        assert len(epoch) > 3 and iterator.get_state()["epoch"] == 0
+        assert sorted(map(batch_hash, batches)) == sorted(map(batch_hash, laid_out))
+        for batch, expect in zip(batches, laid_out, strict=True):
+            assert batch.keys() == expect.keys()
+            for key in batch:
+                np.testing.assert_array_equal(batch[key], expect[key], err_msg=key)
 
 
 def test_sequence_lengths_read_blocks_of_mapped_offsets(tmp_path, monkeypatch):

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from conftest import ROOT
 
-from transformer_jax.data import pipeline, preparation, prepared
+from transformer_jax.data import pipeline, preparation, prepared, resampled
 from transformer_jax.data.batching import Batcher, TrainIterator
 from transformer_jax.data.sources import ReadCounts, load_pairs, stream_pairs
 from transformer_jax.training.schema import default_config
@@ -420,14 +420,12 @@ def test_bpe_dropout_reads_the_sources_mapped_from_the_prepared_split(tmp_path):
     assert prepared.source_texts(sources, 5, 9) == expected[5:9]
 
     plain = pipeline.encoded_split(config, "train", tokenizer, workdir)
-    sampled = pipeline.sample_sources(tokenizer, sources, plain, 0.1, 0, 3, chunk_pairs=1000)
-    for k in range(3):  # chunk k of 1,000 sentences sampled with its seed of (0, 3, k)
-        seed = int(np.random.default_rng([0, 3, k]).integers(2**31))
-        ids = tokenizer.encode_sampled(expected[1000 * k : 1000 * (k + 1)], 0.1, seed)
-        assert [sampled.source(1000 * k + i).tolist() for i in range(len(ids))] == ids
+    sampled = iterator.batcher.pairs  # the first epoch: one chunk, drawn with its seed
+    ids, counts = tokenizer.encode_sampled(expected, 0.1, resampled.chunk_seed(0, 0, 0))
+    np.testing.assert_array_equal(sampled.src, ids)
+    np.testing.assert_array_equal(np.diff(sampled.src_offsets), counts)
     assert sampled.src.dtype == plain.src.dtype and len(sampled.src) > len(plain.src)
+    assert isinstance(sampled.src, np.memmap)  # mapped from the workdir, not held
     assert [tokenizer.decode(sampled.source(i).tolist()) for i in range(50)] == expected[:50]
     np.testing.assert_array_equal(sampled.tgt, plain.tgt)
-    epoch = iterator.batcher.pairs  # the iterator's first epoch: sampled likewise
-    again = pipeline.sample_sources(tokenizer, sources, plain, 0.1, config.seed, 0)
-    np.testing.assert_array_equal(epoch.src, again.src)
+    iterator.resample.close()

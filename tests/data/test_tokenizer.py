@@ -2,9 +2,12 @@
 
 import collections
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
+from conftest import ROOT
 
 from transformer_jax.data import tokenizer as tk
 from transformer_jax.data.synthetic import synthetic_pairs
@@ -35,15 +38,48 @@ def test_round_trip(tokenizer):
     assert tokenizer.decode_batch(tokenizer.encode_batch(CORPUS[:5])) == CORPUS[:5]
 
 
+def rows(sampled):
+    ids, counts = sampled
+    assert ids.dtype == np.int32 and counts.dtype == np.int64
+    return [row.tolist() for row in np.split(ids, np.cumsum(counts)[:-1])]
+
+
 def test_bpe_dropout_splits_words_into_smaller_pieces_reproducibly(tokenizer):
     texts = CORPUS[:200]
     plain = tokenizer.encode_batch(texts)
-    sampled = tokenizer.encode_sampled(texts, 0.3, seed=7)
+    sampled = rows(tokenizer.encode_sampled(texts, 0.3, seed=7))
     assert tokenizer.decode_batch(sampled) == texts  # the same text, other pieces
     assert sum(map(len, sampled)) > 1.1 * sum(map(len, plain))
-    assert tokenizer.encode_sampled(texts, 0.3, seed=7) == sampled
-    assert tokenizer.encode_sampled(texts, 0.3, seed=8) != sampled
-    assert tokenizer.encode_sampled(texts, 1e-9, seed=7) == plain  # no merge dropped
+    assert rows(tokenizer.encode_sampled(texts, 0.3, seed=7)) == sampled
+    assert rows(tokenizer.encode_sampled(texts, 0.3, seed=8)) != sampled
+    assert rows(tokenizer.encode_sampled(texts, 0.0, seed=7)) == plain  # no merge dropped
+    singles = rows(tokenizer.encode_sampled(texts, 1.0, seed=7))  # every merge dropped
+    assert {len(tokenizer._sp.id_to_piece(i)) for row in singles for i in row} == {1}
+
+
+def test_bpe_dropout_follows_sentencepieces_distribution_in_every_process(tokenizer, tmp_path):
+    """The segmentations of a word as often as sentencepiece's own sampling gives them (total
+    variation distance within sampling noise); another process draws the same."""
+    word, n = ["houses"], 4000
+    mine = collections.Counter(map(tuple, rows(tokenizer.encode_sampled(word * n, 0.3, 1))))
+    tk.spm.set_random_generator_seed(1)
+    theirs = collections.Counter(
+        map(tuple, tokenizer._sp.encode(word * n, enable_sampling=True, alpha=0.3, nbest_size=-1))
+    )
+    assert len(mine) > 3
+    assert sum(abs(mine[k] - theirs[k]) for k in mine | theirs) / 2 / n < 0.05
+    tokenizer.save(str(tmp_path / "tokenizer.model"))
+    code = (
+        "import sys; from transformer_jax.data import tokenizer as tk; "
+        "t = tk.load_tokenizer(sys.argv[1]); "
+        "print(t.encode_sampled(sys.argv[2:], 0.3, [5, 1])[0].tolist())"
+    )
+    command = [sys.executable, "-c", code, str(tmp_path / "tokenizer.model"), *CORPUS[:20]]
+    env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+    found = subprocess.run(command, capture_output=True, text=True, check=True, env=env)
+    assert found.stdout.split() and found.stdout.strip() == str(
+        tokenizer.encode_sampled(CORPUS[:20], 0.3, [5, 1])[0].tolist()
+    )
 
 
 def test_decode_stops_at_eos_and_skips_pad_bos_and_unknown_ids(tokenizer):

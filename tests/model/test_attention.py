@@ -238,3 +238,32 @@ def test_kv_cache_matches_full_causal_attention():
     assert int(cache["cache_index"]) == 6
     with pytest.raises(ValueError, match="one position"):
         cached.apply({"params": params["params"], "cache": cache}, x[:, :2], mutable=["cache"])
+
+
+def test_cudnn_key_lengths_form_matches_reference_and_zeroes_keyless_rows(monkeypatch):
+    """impl='cudnn' hands cuDNN a key mask as key lengths; a sequence with no key at all
+    gets length 1 and zero values. Run on CPU through XLA's implementation of the same call
+    (lengths and all; float32 products, as CPUs have no bfloat16 ones): outputs and
+    gradients equal the reference's, and the keyless sequence's output and gradients are
+    exactly zero."""
+    xla = jax.nn.dot_product_attention
+
+    def on_cpu(*args, implementation, **kw):
+        return xla(*(x.astype(jnp.float32) for x in args), **kw)
+
+    monkeypatch.setattr(jax.nn, "dot_product_attention", on_cpu)
+    q, k, v = qkv(batch=3, q_len=5, kv_len=6)
+    mask = padding_mask(jnp.array([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1], [0] * 6]), 0)
+
+    def loss(impl, q, k, v):
+        precision = "bfloat16" if impl == "cudnn" else "float32"
+        out = scaled_dot_product_attention(q, k, v, mask, impl=impl, matmul_precision=precision)
+        return (out * jnp.arange(out.size).reshape(out.shape) / out.size).sum(), out
+
+    (_, ours), grads = jax.value_and_grad(loss, (1, 2, 3), has_aux=True)("cudnn", q, k, v)
+    (_, ref), ref_grads = jax.value_and_grad(loss, (1, 2, 3), has_aux=True)("reference", q, k, v)
+    np.testing.assert_allclose(ours, ref, atol=2e-2)
+    assert not np.any(np.asarray(ours[2])) and np.any(np.asarray(ours[:2]))
+    for g, r in zip(grads, ref_grads, strict=True):
+        np.testing.assert_allclose(g, r, atol=5e-2)
+        assert not np.any(np.asarray(g[2]))

@@ -201,18 +201,27 @@ def test_loss_gradient_is_softmax_minus_smoothed_target(label_smoothing):
         np.testing.assert_allclose(grad[0, row], expected, rtol=1e-5, atol=1e-7)
 
 
-def test_custom_loss_gradient_equals_autodiff_of_the_formula():
+@pytest.mark.parametrize("convention", ["t2t", "uniform"])
+def test_custom_loss_and_gradient_equal_autodiff_of_the_formula(convention):
+    """The loss (from the log-sum-exp, the target logit and the logits' sum) and its custom
+    gradient equal KL(q || softmax) written with log-probabilities and a one-hot q."""
     logits = 3.0 * jax.random.normal(jax.random.PRNGKey(1), (3, 5, 11))
     targets = jax.random.randint(jax.random.PRNGKey(2), (3, 5), 0, 11)
     weights = jax.random.uniform(jax.random.PRNGKey(3), (3, 5))
+    eps = 0.1 * 11 / 10 if convention == "t2t" else 0.1  # t2t: 0.9 / 0.01; uniform: 0.9 + 0.1/11
 
     def formula(x):  # the textbook form, differentiated by JAX
         log_p = jax.nn.log_softmax(x)
-        q = optax.smooth_labels(jax.nn.one_hot(targets, 11), 0.1 * 11 / 10)  # 0.9 / 0.01
-        return (-(q * log_p).sum(-1) * weights).sum()
+        q = optax.smooth_labels(jax.nn.one_hot(targets, 11), eps)
+        return ((q * (jnp.log(q) - log_p)).sum(-1) * weights).sum()
 
-    ours = jax.grad(lambda x: (smoothed_cross_entropy(x, targets, 0.1) * weights).sum())(logits)
-    np.testing.assert_allclose(ours, jax.grad(formula)(logits), rtol=1e-5, atol=1e-6)
+    def ours(x):
+        return (smoothed_cross_entropy(x, targets, 0.1, convention) * weights).sum()
+
+    np.testing.assert_allclose(ours(logits), formula(logits), rtol=1e-5)
+    np.testing.assert_allclose(
+        jax.grad(ours)(logits), jax.grad(formula)(logits), rtol=1e-5, atol=1e-6
+    )
     # and through jit, with bfloat16 logits the gradient keeps their dtype
     bf16 = jax.jit(jax.grad(lambda x: smoothed_cross_entropy(x, targets, 0.1).sum()))
     assert bf16(logits.astype(jnp.bfloat16)).dtype == jnp.bfloat16

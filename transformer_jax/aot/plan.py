@@ -2,7 +2,7 @@
 
 :func:`make_plan` compiles the run's training step for the largest bucket
 (``data.max_len``: the batch shape that needs the most memory) with the rows
-``data.plans.batch_rows`` gives it, and beam search at a stated batch, and returns a
+``data.grouping.batch_rows`` gives it, and beam search at a stated batch, and returns a
 JSON-able dict:
 
 * ``gpu``, ``topology``, ``devices``, ``parallel`` (``train.parallel``: pmap, shard_map
@@ -64,7 +64,7 @@ from transformer_jax.aot.programs import (
     parse_topology,
     train_program,
 )
-from transformer_jax.data.plans import batch_rows
+from transformer_jax.data.grouping import batch_rows
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.training.validation import validate_config
 

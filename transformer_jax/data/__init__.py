@@ -22,7 +22,7 @@ _PUBLIC: dict[str, str] = {
     "encoded_split": "pipeline",
     "eval_split_batches": "pipeline",
     "train_iterator": "pipeline",
-    "bucket_lengths": "plans",
+    "bucket_lengths": "grouping",
     "SOURCES": "config",
     "get_tokenizer": "preparation",
     "prepare_data": "preparation",

@@ -5,7 +5,7 @@ containing approximately 25000 source tokens and 25000 target tokens.").
 A batch holds at most ``tokens_per_batch`` source slots and as many target slots (padding
 included). Two layouts, both with a few fixed shapes so ``jit`` compiles few variants:
 
-* bucketing: pairs grouped by length into buckets (``plans.bucket_lengths``); a bucket of
+* bucketing: pairs grouped by length into buckets (``grouping.bucket_lengths``); a bucket of
   length L has ``tokens_per_batch // L`` rows (rounded down to a multiple of ``num_shards``).
 * packing: several pairs per row of length ``max_len``, with ``*_segments`` (1, 2, ...;
   0 = padding) and per-segment ``*_positions`` so attention never crosses pairs.
@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import dataclasses
 import mmap
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
-from transformer_jax.data.plans import (
+from transformer_jax.data.grouping import (
     Planned,
     batch_rows,
     packed_batch,
@@ -63,20 +63,6 @@ class EncodedPairs:
             raise ValueError(f"{len(src)} source but {len(tgt)} target sequences")
         return cls(*_flat(src), *_flat(tgt))
 
-    def with_sources(self, chunks: Iterable[Sequence[Sequence[int]]]) -> EncodedPairs:
-        """The same targets with other token ids for the sources (one per pair, in order),
-        given a chunk of pairs at a time, kept in the dtype of ``src``."""
-        tokens, offsets, end = [np.zeros(0, self.src.dtype)], [np.zeros(1, np.int64)], 0
-        for chunk in chunks:
-            ids, ends = _flat(chunk)
-            tokens.append(ids.astype(self.src.dtype))
-            offsets.append(ends[1:] + end)
-            end += int(ends[-1])
-        src_offsets = np.concatenate(offsets)
-        if len(src_offsets) - 1 != len(self):
-            raise ValueError(f"{len(src_offsets) - 1} source but {len(self)} target sequences")
-        return dataclasses.replace(self, src=np.concatenate(tokens), src_offsets=src_offsets)
-
     def __len__(self) -> int:
         return len(self.src_offsets) - 1
 
@@ -98,28 +84,6 @@ def padding_efficiency(batch: Batch) -> float:
     """Real tokens / token slots of a batch (source and target together)."""
     real, slots = token_counts(batch)
     return real / slots
-
-
-def _ragged(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """For sequences of ``lengths`` laid end to end: each element's sequence and its index
-    within that sequence."""
-    owner = np.repeat(np.arange(len(lengths)), lengths)
-    starts = np.cumsum(lengths) - lengths
-    return owner, np.arange(len(owner)) - starts[owner]
-
-
-def _place(rows: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Items of ``sizes`` laid end to end in their ``rows`` in the given order: where each
-    starts in its row and its rank there (0, 1, ...)."""
-    order = np.argsort(rows, kind="stable")
-    by_row, sized = rows[order], sizes[order]
-    first = np.flatnonzero(np.r_[True, by_row[1:] != by_row[:-1]])  # each row's first item
-    group = np.repeat(np.arange(len(first)), np.diff(np.r_[first, len(order)]))
-    before = np.cumsum(sized) - sized
-    start, rank = np.empty_like(before), np.empty_like(before)
-    start[order] = before - before[first][group]
-    rank[order] = np.arange(len(order)) - first[group]
-    return start, rank
 
 
 _BLOCK = 1 << 20  # pairs whose offsets are read at a time
@@ -211,40 +175,55 @@ class Batcher:
 
     def fill(self, planned: Planned) -> Batch:
         """This process's rows of one planned batch as numpy int32 arrays, gathered from the
-        (memory-mapped) token arrays by numpy indexing, with no loop over pairs."""
+        (memory-mapped) token arrays by numpy indexing, with no loop over pairs. A row is its
+        pairs' sequences (ids + EOS, or BOS + ids) end to end, then padding, so the batch is
+        a list of items (each row's pairs, then its padding), each repeated its length."""
         local = planned.num_rows // self.process_count
         first = self.process_index * local
-        shape = (local, planned.length)
-        batch = {key: np.full(shape, PAD_ID, np.int32) for key in ("src", "tgt_in", "tgt_out")}
-        if self.packing:
-            for key in ("src_segments", "src_positions", "tgt_segments", "tgt_positions"):
-                batch[key] = np.zeros(shape, np.int32)
-        mine = (planned.rows >= first) & (planned.rows < first + local)
-        pairs, rows = planned.pairs[mine], planned.rows[mine] - first
-        if len(pairs) == 0:
-            return batch
+        length = planned.length
+        lo, hi = np.searchsorted(planned.rows, (first, first + local))  # rows are in order
+        pairs, rows = planned.pairs[lo:hi], planned.rows[lo:hi] - first
+        every_row = np.arange(local)
+        up_to = np.searchsorted(rows, every_row, "right")  # the pairs of the rows up to each
+        row_first = up_to - np.bincount(rows, minlength=local)  # each row's first pair
+        pair_item = np.arange(len(pairs)) + rows
+        pad_item = up_to + every_row
+        slot = np.arange(local * length)
+        is_pair = np.ones(len(pairs) + local, bool)
+        is_pair[pad_item] = False
+        segment = np.zeros(len(pairs) + local, np.int32)  # 1, 2, ... in a row; padding 0
+        segment[pair_item] = np.arange(len(pairs)) - row_first[rows] + 1
+        batch = {}
         for side in ("src", "tgt"):
-            tokens, offsets = getattr(self.pairs, side), getattr(self.pairs, f"{side}_offsets")
+            tokens = np.asarray(getattr(self.pairs, side))  # of a memmap: no memmap subclass
+            offsets = np.asarray(getattr(self.pairs, f"{side}_offsets"))
             begin = offsets[pairs]
-            lengths = offsets[pairs + 1] - begin
-            start, rank = _place(rows, lengths + 1)  # each sequence is its ids + EOS (or BOS)
-            owner, within = _ragged(lengths)
-            ids = tokens[begin[owner] + within]
-            r, c = rows[owner], start[owner] + within
+            sizes = offsets[pairs + 1] - begin + 1  # ids + EOS (or BOS)
+            ends = np.r_[0, sizes.cumsum()]
+            count = np.empty(len(pairs) + local, np.intp)
+            count[pair_item] = sizes
+            count[pad_item] = length - (ends[up_to] - ends[row_first])
+            item_start = count.cumsum() - count
+            at = item_start[pair_item]  # where each sequence starts, flat
+            shift = np.zeros(len(count), np.intp)
+            shift[pair_item] = begin - at
+            ids = np.zeros(len(slot), np.int32)  # a split with no token: only EOS and BOS
+            if len(tokens):
+                ids = tokens.take(np.repeat(shift, count) + slot, mode="clip").astype(np.int32)
+            ids[at + sizes - 1] = EOS_ID
+            real = np.repeat(is_pair, count)
             if side == "src":
-                batch["src"][r, c] = ids
-                batch["src"][rows, start + lengths] = EOS_ID
+                batch["src"] = np.where(real, ids, PAD_ID)
             else:
-                batch["tgt_in"][rows, start] = BOS_ID
-                batch["tgt_in"][r, c + 1] = ids
-                batch["tgt_out"][r, c] = ids
-                batch["tgt_out"][rows, start + lengths] = EOS_ID
+                batch["tgt_out"] = np.where(real, ids, PAD_ID)
+                ids[1:] = ids[:-1].copy()
+                ids[at] = BOS_ID
+                batch["tgt_in"] = np.where(real, ids, PAD_ID)
             if self.packing:
-                owner, within = _ragged(lengths + 1)
-                r, c = rows[owner], start[owner] + within
-                batch[f"{side}_segments"][r, c] = rank[owner] + 1
-                batch[f"{side}_positions"][r, c] = within
-        return batch
+                batch[f"{side}_segments"] = np.repeat(segment, count)
+                positions = slot.astype(np.int32) - np.repeat(item_start.astype(np.int32), count)
+                batch[f"{side}_positions"] = positions * real
+        return {key: array.reshape(local, length) for key, array in batch.items()}
 
 
 class TrainIterator(Iterator[Batch]):

@@ -40,7 +40,10 @@ class DataConfig:
         2_000_000, "sentences the BPE tokenizer is trained on", integer(1)
     )
     prepare_workers: int = setting(
-        0, "processes that encode the splits (0: one per core)", integer(0), resumable=True
+        0,
+        "processes that encode the splits and sample BPE-dropout's epochs (0: one per core)",
+        integer(0),
+        resumable=True,
     )
     max_len: int = setting(256, "longer pairs (in tokens) are dropped and counted", integer(1))
     tokens_per_batch: int = setting(

@@ -2,46 +2,30 @@
 
 Each split is opened memory-mapped from its prepared directory (prepared first where it is
 not: :mod:`transformer_jax.data.preparation`) and batched by :class:`Batcher`; with
-``data.bpe_dropout`` every epoch's sources are segmented anew from the prepared sentences.
+``data.bpe_dropout`` every epoch's sources are segmented anew from the prepared sentences,
+ahead of time, into files of the workdir (:mod:`transformer_jax.data.resampled`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+import os
 from typing import Any
 
 import jax
-import numpy as np
 
 from transformer_jax.data.batching import Batch, Batcher, EncodedPairs, TrainIterator, eval_batches
-from transformer_jax.data.preparation import prepare_split, prepared_sources
-from transformer_jax.data.prepared import CHUNK_PAIRS, check_vocabulary, open_split, source_texts
+from transformer_jax.data.preparation import (
+    CACHE_DIR,
+    prepare_split,
+    prepared_path,
+    prepared_sources,
+    workers,
+)
+from transformer_jax.data.prepared import SOURCES, check_vocabulary, open_split
+from transformer_jax.data.resampled import ResampledEpochs, resampled_dir
 from transformer_jax.data.sources import ReadCounts
 from transformer_jax.data.tokenizer import Tokenizer
-
-
-def sample_sources(
-    tokenizer: Tokenizer,
-    sources: tuple[np.ndarray, np.ndarray],
-    plain: EncodedPairs,
-    dropout: float,
-    seed: int,
-    epoch: int,
-    chunk_pairs: int = CHUNK_PAIRS,
-) -> EncodedPairs:
-    """``plain`` with its sources (``open_sources``' bytes and offsets) under BPE-dropout,
-    sampled anew for each ``(seed, epoch)``, ``chunk_pairs`` sentences at a time (chunk k
-    with a seed of ``(seed, epoch, k)``); the targets keep the one segmentation the model is
-    scored and decodes in."""
-
-    def chunks() -> Iterator[list[list[int]]]:
-        for k, first in enumerate(range(0, len(plain), chunk_pairs)):
-            texts = source_texts(sources, first, min(first + chunk_pairs, len(plain)))
-            sample_seed = int(np.random.default_rng([seed, epoch, k]).integers(2**31))
-            yield tokenizer.encode_sampled(texts, dropout, sample_seed)
-
-    return plain.with_sources(chunks())
 
 
 def encoded_split(data_config: Any, split: str, tokenizer: Tokenizer, workdir: str) -> EncodedPairs:
@@ -78,18 +62,23 @@ def train_iterator(
 ) -> TrainIterator:
     """Training batches of ``data.train_split``; ``state`` is a saved ``get_state()``.
 
-    With ``data.bpe_dropout`` > 0 every epoch's sources are segmented anew under BPE-dropout.
+    With ``data.bpe_dropout`` > 0 every epoch's sources are segmented anew under BPE-dropout
+    by ``data.prepare_workers`` processes, the next epoch's while this one is read.
     """
     encoded = encoded_split(data_config, data_config.train_split, tokenizer, workdir)
     resample = None
     if data_config.bpe_dropout:
-        sources = prepared_sources(data_config, tokenizer, workdir)
-        args = (tokenizer, sources, encoded, data_config.bpe_dropout, data_config.seed)
-        resample = lambda epoch: sample_sources(*args, epoch)  # noqa: E731
+        prepared_sources(data_config, tokenizer, workdir)  # written first if absent
+        path = prepared_path(data_config, data_config.train_split, tokenizer, workdir)
+        dropout, seed = data_config.bpe_dropout, data_config.seed
+        directory = resampled_dir(os.path.join(workdir, CACHE_DIR), path, dropout, seed)
+        sources = os.path.join(path, SOURCES)
+        args = (tokenizer, sources, encoded, dropout, seed, directory, workers(data_config))
+        resample = ResampledEpochs(*args)
     batcher = make_batcher(data_config, encoded, num_shards)
-    iterator = TrainIterator(batcher, data_config.seed, resample=resample)
-    if state is not None:
-        iterator.set_state(state)
+    state = state or {"epoch": 0, "index": 0}
+    iterator = TrainIterator(batcher, data_config.seed, int(state["epoch"]), resample=resample)
+    iterator.set_state(state)
     return iterator
 
 

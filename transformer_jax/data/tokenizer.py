@@ -22,6 +22,7 @@ import numpy as np
 import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2
 
+from transformer_jax.data.bpe_dropout import MergeTable
 from transformer_jax.ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 NUM_SPECIAL_IDS = 4  # PAD, UNK, BOS, EOS: ids 0-3, before every piece
@@ -46,6 +47,7 @@ class Tokenizer:
             target_vocab_size = None
         self.target_vocab_size = target_vocab_size
         self._target_sp = self._sp
+        self._merges: MergeTable | None = None  # built when first sampled
         if target_vocab_size is not None:
             self._target_sp = spm.SentencePieceProcessor(
                 model_proto=_unused_from(model_proto, target_vocab_size)
@@ -72,17 +74,20 @@ class Tokenizer:
     def encode_batch(self, texts: Sequence[str], num_threads: int = -1) -> list[list[int]]:
         return self._sp.encode(list(texts), num_threads=num_threads)
 
-    def encode_sampled(self, texts: Sequence[str], dropout: float, seed: int) -> list[list[int]]:
+    def encode_sampled(
+        self, texts: Sequence[str], dropout: float, seed: int | Sequence[int]
+    ) -> tuple[np.ndarray, np.ndarray]:
         """BPE-dropout (Provilkov et al., 2020): token ids of ``texts`` with each merge skipped
-        with probability ``dropout``, so a word comes out in varying, smaller pieces.
+        with probability ``dropout``, so a word comes out in varying, smaller pieces; ids end
+        to end (int32) and each text's count (int64).
 
-        The same ``(texts, dropout, seed)`` give the same ids in every process (one thread:
-        sentencepiece's sampling is reproducible only so).
+        The draws come from ``np.random.default_rng(seed)``
+        (:mod:`~transformer_jax.data.bpe_dropout`), so the same ``(texts, dropout, seed)``
+        give the same ids in every process.
         """
-        spm.set_random_generator_seed(seed)
-        return self._sp.encode(
-            list(texts), enable_sampling=True, alpha=dropout, nbest_size=-1, num_threads=1
-        )
+        if self._merges is None:
+            self._merges = MergeTable(self.model_proto)
+        return self._merges.sample(texts, dropout, np.random.default_rng(seed))
 
     def decode(self, ids: Iterable[int]) -> str:
         """Text of ``ids`` up to the first EOS; PAD, BOS and ids outside the vocabulary are

@@ -217,7 +217,7 @@ def _fused_attention(
 
     It needs d_k == d_v, so the narrower of (q, k) and v is zero-padded: exact, since
     zero columns change neither Q K^T nor the kept output columns. cuDNN gets a key mask
-    as key lengths (no dense bias).
+    as key lengths (no dense bias); a sequence with no key gets length 1 and zero values.
     """
     b, q_len, h, d_k = q.shape
     kv_len, d_v = k.shape[1], v.shape[-1]
@@ -230,7 +230,10 @@ def _fused_attention(
     if mask is not None and impl == "cudnn" and mask.shape[1:3] == (1, 1):
         keys = jnp.broadcast_to(mask[:, 0, 0, :], (b, kv_len))
         lengths = jnp.sum(keys, axis=-1, dtype=jnp.int32)
-        mask, any_key = None, (lengths > 0)[:, None, None, None]
+        # a sequence without keys attends to its first key with zeroed values: its output
+        # (and every gradient through it) is zero with no masked copy of the output
+        v = jnp.where((lengths > 0)[:, None, None, None], v, 0)
+        mask, lengths = None, jnp.maximum(lengths, 1)
     elif mask is not None:
         mask = jnp.broadcast_to(mask, (b, h, q_len, kv_len))
         seen = combine_masks(mask, causal_mask(q_len) if is_causal else None)

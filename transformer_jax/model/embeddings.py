@@ -12,7 +12,7 @@ import numpy as np
 from jax.experimental import checkify
 
 from transformer_jax import kernels as _kernels
-from transformer_jax.model.partitioning import logical
+from transformer_jax.model.partitioning import constrain, gathered, logical
 from transformer_jax.model.registry import ship
 
 Array = jax.Array
@@ -58,14 +58,18 @@ class Embed(nn.Module):
             (self.vocab_size, self.d_model),
             self.param_dtype,
         )
+        # at the compute dtype, converted where it lies, then whole rows on a mesh: the
+        # lookups read the table the logits gather (FSDP's all-gather), so no activation
+        # moves between devices in the forward pass
+        table = constrain(jnp.asarray(self.embedding, self.dtype), ("vocab", "embed"))
+        self.table = gathered(table, ("vocab", None))
 
     def __call__(self, tokens: Array) -> Array:
-        table = jnp.asarray(self.embedding, self.dtype)
-        return jnp.take(table, tokens, axis=0) * jnp.asarray(self.d_model**0.5, self.dtype)
+        return jnp.take(self.table, tokens, axis=0) * jnp.asarray(self.d_model**0.5, self.dtype)
 
     def attend(self, x: Array, rows: int | None = None) -> Array:
         """Logits ``x E^T`` over the vocabulary, or over its first ``rows`` pieces."""
-        table = jnp.asarray(self.embedding[:rows], self.dtype)
+        table = self.table[:rows]
         return _kernels.ops(self.kernels).tied_logits(x, table, self.matmul_precision)
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -65,3 +66,23 @@ def constrain(x: Array, names: Sequence[str | None] = ACTIVATIONS) -> Array:
     """``x`` sharded as its logical axis ``names`` say under the active rules and mesh
     (``nn.with_logical_constraint``; a no-op without a mesh)."""
     return nn.with_logical_constraint(x, tuple(names))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def gathered(x: Array, whole: tuple[str | None, ...]) -> Array:
+    """A parameter ``x`` constrained to the logical names ``whole`` (its own with the axes
+    to gather set to ``None``): FSDP's all-gather, once for all its uses. The gradient is
+    left unconstrained, for the partitioner to sum into the parameter's shards (the same
+    constraint on it would all-reduce the whole)."""
+    return constrain(x, whole)
+
+
+def _gathered_fwd(x: Array, whole: tuple) -> tuple[Array, None]:
+    return gathered(x, whole), None
+
+
+def _gathered_bwd(whole: tuple, _: None, g: Array) -> tuple[Array]:
+    return (g,)
+
+
+gathered.defvjp(_gathered_fwd, _gathered_bwd)
