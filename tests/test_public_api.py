@@ -2,11 +2,16 @@
 and the README's variant example run in-process, its pieces checked (test_readme_examples.py
 runs every README example as a file)."""
 
+import importlib
+import os
 import re
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from conftest import ROOT
 
 import transformer_jax as tj
@@ -67,3 +72,30 @@ def test_readme_variant_is_used_and_decodes_from_its_cache():
     for i in range(tgt.shape[1]):
         logits, cache = step(tgt[:, i : i + 1], cache)
         np.testing.assert_allclose(logits[:, -1], full[:, i], atol=1e-5)
+
+
+def test_packages_import_their_modules_on_first_use():
+    """Importing a package (and the config sections and schema) imports no JAX, Flax or
+    TensorFlow; each name a package lists is its module's, imported when first used."""
+    code = (
+        "import sys\n"
+        "import transformer_jax.data, transformer_jax.training, transformer_jax.model\n"
+        "import transformer_jax.inference, transformer_jax.kernels\n"
+        "from transformer_jax.training import schema\n"
+        "schema.check_fields(schema.default_config())\n"
+        "print(sorted(m for m in ('jax', 'flax', 'tensorflow') if m in sys.modules))\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert result.returncode == 0 and result.stdout == "[]\n", result.stderr
+    for package in (tj.data, tj.training):
+        for name in package.__all__:
+            defined = getattr(package, name)
+            module = importlib.import_module(f"{package.__name__}.{package._PUBLIC[name]}")
+            assert defined is getattr(module, name), f"{package.__name__}.{name}"
+        assert set(package.__all__) <= set(dir(package))
+    assert tj.data.SOURCES == ("tfds", "text", "synthetic") and tj.data.batching.Batcher
+    assert tj.kernels.ops("xla") is tj.kernels.XLA and tj.kernels.precision.einsum
+    assert tj.model.variants is tj.variants and tj.model.config.TransformerConfig
+    with pytest.raises(AttributeError, match="has no attribute 'nothing'"):
+        tj.data.nothing  # noqa: B018

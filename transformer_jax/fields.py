@@ -1,9 +1,10 @@
 """One declaration per config field: a dataclass field whose metadata holds its check, whether
 a resumed run may change it and its one-line help (:func:`setting`).
 
-The sections of a run's config are such dataclasses (``TransformerConfig`` for ``model``;
-``training.schema`` for ``data``, ``train``, ``decode``); their type, default, check and help
-are read from here by the defaults, the validation, the resume rules and ``--help``.
+The sections of a run's config are such dataclasses (``TransformerConfig`` for ``model``,
+``DataConfig``, ``TrainConfig`` and ``DecodeConfig`` in the ``config`` module of ``data``,
+``training`` and ``inference``; composed by ``training.schema``); their type, default, check
+and help are read from here by the defaults, the validation, the resume rules and ``--help``.
 """
 
 from __future__ import annotations

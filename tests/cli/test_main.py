@@ -2,6 +2,7 @@
 line, its ``--help`` keeping the description's layout, and packaged configs by name."""
 
 import os
+import resource
 import subprocess
 import sys
 
@@ -93,29 +94,50 @@ finally:
     print(*sorted(m for m in {HEAVY!r} if m in sys.modules), file=sys.stderr)
 sys.exit(status)
 """
-# The commands whose command line is parsed before any heavy import: the usage, and the
-# commands without a --config (a run config's schema imports the model's, and JAX with it;
-# download's data package imports JAX).
+# Every command line parsed, and a run config loaded and its fields checked, before any heavy
+# import: the usage, each command's --help, a rejected flag or config field, a config value
+# its field's check refuses (exit 1). Each runs with the working directory a fresh folder.
 LIGHT = [
     ["--help"],
     ["trian"],
-    *([name, "--help"] for name in ("translate", "evaluate", "average")),
-    *([name, "--bogus=1"] for name in ("translate", "evaluate", "average")),
+    *([name, "--help"] for name in COMMANDS),
+    *([name, "--bogus=1"] for name in COMMANDS),
+    ["train", "--config.train.bogus=1"],
+    ["prepare", "--config", "base", "--config.model.bogus=1"],
+    ["plan", "--config.data.bogus=1"],
     ["evaluate", "--workdir=run", "--src=a", "--ref=b", "--beam_size=0"],
+]
+REFUSED_VALUES = [  # a field's check refuses it: exit 1, the field named
+    ["train", "--config.data.max_len=0"],
+    ["train", "--config", "base", "--config.model.positional=rotary"],
+    ["prepare", "--config.data.source=csv"],
+    ["plan", "--config.train.parallel=dp"],
+    ["train", "--config.decode.beam_size=0"],
 ]
 
 
-@pytest.mark.parametrize("argv", LIGHT, ids=" ".join)
-def test_usage_help_and_flag_errors_import_no_jax(argv):
+@pytest.mark.parametrize("argv", LIGHT + REFUSED_VALUES, ids=" ".join)
+def test_usage_help_and_flag_errors_import_no_jax(argv, tmp_path, record_property):
+    """Each in a fresh process, its CPU seconds recorded (``--junitxml``: property ``cpu_s``)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     result = subprocess.run(
         [sys.executable, "-c", IMPORTED, *argv],
         capture_output=True,
         text=True,
         env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        cwd=tmp_path,
         timeout=120,
     )
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    record_property("cpu_s", round(cpu, 3))
     *said, heavy = result.stderr.splitlines() or [""]
     assert heavy == "", f"{argv} imported {heavy}"
-    assert result.returncode == (0 if "--help" in argv else 2), result.stderr
-    if "--help" not in argv and argv != ["trian"]:  # a flag error: one line
+    code = 0 if "--help" in argv else 1 if argv in REFUSED_VALUES else 2
+    assert result.returncode == code, result.stderr
+    if "--help" not in argv and argv != ["trian"]:  # a flag or config error: one line
         assert len(said) == 1 and said[0].startswith("error: "), said
+    if argv in REFUSED_VALUES:
+        field = argv[-1].removeprefix("--config.").partition("=")[0]
+        assert said[0].startswith(f"error: {field} must be "), said
+    assert not list(tmp_path.iterdir()), "nothing is written before the command runs"

@@ -6,6 +6,9 @@ declares whether it replaces the added positions, and a user's attention module 
 decoding cache with the shared helper (``attention.kv_cache``)."""
 
 import functools
+import os
+import subprocess
+import sys
 import textwrap
 
 import flax.linen as nn
@@ -14,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from absl import flags
-from conftest import TINY_CONFIG
+from conftest import ROOT, TINY_CONFIG
 
 import transformer_jax as tj
 from transformer_jax.cli.flags import define_config_flag, load_config
@@ -199,3 +202,51 @@ def test_a_users_attention_module_decodes_over_the_shared_cache():
         atol=1e-6,
     )
     cached_equals_full(model, params)
+
+
+def test_the_shipped_table_is_what_the_modules_ship():
+    """``registry.SHIPPED`` (the names a config is checked against without Flax) lists each
+    library piece in the module that ships it, and only those."""
+    for kind, names in registry.SHIPPED.items():
+        pieces = registry._pieces(kind)
+        shipped = {name: piece.build for name, piece in pieces.items() if piece.shipped}
+        assert tuple(shipped) == tuple(names), kind
+        assert registry.names(kind)[: len(names)] == tuple(names)
+    assert registry.SHIPPED["ffn"]["swiglu"] == variants.__name__
+    with pytest.raises(ValueError, match=r"ffn='mine' is not in registry.SHIPPED\['ffn'\]"):
+        registry.ship("ffn", "mine", variants.GatedFeedForward)
+
+
+def test_config_names_are_checked_without_importing_flax():
+    """A config's piece and dtype names are checked with the model's modules unimported (a
+    command's config checks come before the library); making the config imports them."""
+    code = textwrap.dedent(
+        """
+        import sys
+        from transformer_jax.fields import check_values
+        from transformer_jax.model.config import TransformerConfig
+        from transformer_jax.model.registry import names
+        good = {"ffn": "swiglu", "positional": "rope", "dtype": "bfloat16"}
+        check_values(TransformerConfig, good)
+        for bad in ({"ffn": "swish"}, {"dtype": "float64"}):
+            try:
+                check_values(TransformerConfig, bad)
+            except ValueError as e:
+                print(e)
+        print(names("ffn"), sorted(m for m in ("jax", "flax") if m in sys.modules))
+        config = TransformerConfig(positional="rope", dtype="bfloat16")
+        import jax.numpy as jnp
+        print(config.dtype is jnp.bfloat16, "transformer_jax.model.variants" in sys.modules)
+        """
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        "ffn must be one of ('relu', 'gelu', 'glu', 'geglu', 'swiglu'), got 'swish'",
+        "dtype must be one of ('float32', 'bfloat16', 'float16'), got 'float64'",
+        "('relu', 'gelu', 'glu', 'geglu', 'swiglu') []",
+        "True True",
+    ]

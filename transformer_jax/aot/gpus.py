@@ -141,6 +141,9 @@ def software_versions() -> dict[str, str]:
     return versions
 
 
+# The usable share of a GPU's memory: XLA_PYTHON_CLIENT_MEM_FRACTION's default.
+DEFAULT_MEMORY_FRACTION = 0.75
+
 # Between hosts: one 400 Gb/s InfiniBand NDR adapter per GPU (the DGX/HGX layout), each way.
 NETWORK_BANDWIDTH = 50e9
 

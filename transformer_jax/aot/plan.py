@@ -50,6 +50,7 @@ import numpy as np
 from transformer_jax.analysis.costs import training_flops
 from transformer_jax.aot.gpus import (
     CUDNN_VERSION,
+    DEFAULT_MEMORY_FRACTION,
     NETWORK_BANDWIDTH,
     Gpu,
     get_gpu,
@@ -67,7 +68,6 @@ from transformer_jax.data.grouping import batch_rows
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.training.validation import validate_config
 
-DEFAULT_MEMORY_FRACTION = 0.75  # XLA_PYTHON_CLIENT_MEM_FRACTION's default
 FIT_FACTOR = 4  # the fit's second compile has this many times the run's rows
 FIT_MARGIN = 0.05  # the largest fit leaves this share of the usable memory free
 FIT_RETRIES = 2  # smaller batches compiled when the checked answer does not fit

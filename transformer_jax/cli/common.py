@@ -11,6 +11,7 @@ from typing import Any
 from absl import flags
 
 from transformer_jax.cli.flags import define_cache_flags
+from transformer_jax.inference.config import PAPER
 
 
 def define_decode_flags(values: flags.FlagValues) -> None:
@@ -31,11 +32,21 @@ def define_decode_flags(values: flags.FlagValues) -> None:
         **define,
     )
     flags.DEFINE_integer(
-        "beam_size", None, "Default: config.decode.beam_size (4).", lower_bound=1, **define
+        "beam_size",
+        None,
+        f"Default: config.decode.beam_size ({PAPER.beam_size}).",
+        lower_bound=1,
+        **define,
     )
-    flags.DEFINE_float("alpha", None, "Length penalty; default: config (0.6).", **define)
+    flags.DEFINE_float(
+        "alpha", None, f"Length penalty; default: config.decode.alpha ({PAPER.alpha}).", **define
+    )
     flags.DEFINE_integer(
-        "max_extra_len", None, "Output <= input + this (default 50).", lower_bound=0, **define
+        "max_extra_len",
+        None,
+        f"Output <= input + this; default: config.decode.max_extra_len ({PAPER.max_extra_len}).",
+        lower_bound=0,
+        **define,
     )
     flags.DEFINE_integer(
         "max_src_len", None, "Truncate longer sources (tokens).", lower_bound=1, **define
@@ -48,14 +59,14 @@ def decode_options(values: flags.FlagValues, run: Any) -> dict[str, Any]:
     """translate_lines keyword arguments: the flags, else the run's config.decode."""
     decode = run.get("decode", {})
 
-    def pick(name: str, default: Any) -> Any:
+    def pick(name: str) -> Any:
         given = values[name].value
-        return given if given is not None else decode.get(name, default)
+        return given if given is not None else decode.get(name, getattr(PAPER, name))
 
     return {
-        "beam_size": pick("beam_size", 4),
-        "alpha": pick("alpha", 0.6),
-        "max_extra_len": pick("max_extra_len", 50),
+        "beam_size": pick("beam_size"),
+        "alpha": pick("alpha"),
+        "max_extra_len": pick("max_extra_len"),
         "max_src_len": values.max_src_len,
         "batch_size": values.batch_size,
     }

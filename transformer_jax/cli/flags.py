@@ -9,8 +9,9 @@ lists that command's flags only, importing a command defines nothing, and a comm
 twice in one process with nothing left from the first run.
 
 A command parses its command line before it imports the library it runs (inside the
-function that runs it): ``--help`` and a rejected flag import no JAX, unless the command's
-``--config`` loads a run config (its schema imports the model's).
+function that runs it): ``--help``, a rejected flag and a config field that its check refuses
+(:func:`transformer_jax.training.schema.check_fields`) import no JAX; nor does loading a run
+config (its schema and sections import none).
 
 Exit codes, the same in every command (README, Exit codes):
 
@@ -36,6 +37,7 @@ from ml_collections import config_flags
 
 from transformer_jax.configs import NAMES, config_file
 from transformer_jax.multihost.preemption import EXIT_PREEMPTED  # noqa: F401 (one of the exit codes)
+from transformer_jax.training import schema
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 HELP = ("-h", "--help", "--helpshort", "--helpfull", "-?")
@@ -68,31 +70,26 @@ def run(
     """Parse ``argv`` (default ``sys.argv[1:]``) with the flags of ``define`` and run
     ``body(flag values, positional arguments)``; its exit code (module docstring).
 
-    ``--help`` prints ``doc`` as written and the command's flags. A :class:`Failure`, a
-    ``ValueError`` or an ``OSError`` is one line ``error: ...`` on stderr.
+    ``--help`` prints ``doc`` as written and the command's flags. A command with ``--config``
+    checks its config's fields first. A :class:`Failure`, a ``ValueError`` or an ``OSError``
+    is one line ``error: ...`` on stderr.
     """
     argv = [prog, *(sys.argv[1:] if argv is None else argv)]
     try:
         values = flags.FlagValues()
         define(values, argv)
         if any(arg in HELP for arg in argv[1:]):
-            fields = f"\n\n{config_fields_help()}" if "config" in values else ""
+            fields = f"\n\n{schema.help_text()}" if "config" in values else ""
             print(f"{doc.rstrip()}\n\nflags:\n{flags_help(values)}{fields}")
             return EXIT_OK
         positional = _parse(values, argv)[1:]
+        if "config" in values:
+            schema.check_fields(load_config(values))  # before the command imports the library
         return body(values, positional) or EXIT_OK
     except Failure as e:
         return _error(str(e), e.code)
     except (ValueError, OSError) as e:
         return _error(str(e), EXIT_ERROR)
-
-
-def config_fields_help() -> str:
-    """The run config's fields (``--help`` of a command with ``--config``), from the schema
-    that loading the config imported."""
-    from transformer_jax.training import schema
-
-    return schema.help_text()
 
 
 def _error(message: str, code: int) -> int:

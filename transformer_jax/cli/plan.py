@@ -21,10 +21,8 @@ from collections.abc import Sequence
 
 from absl import flags
 
-from transformer_jax.aot.gpus import GPUS
-from transformer_jax.aot.plan import DEFAULT_MEMORY_FRACTION, format_plan, make_plan
+from transformer_jax.aot.gpus import DEFAULT_MEMORY_FRACTION, GPUS
 from transformer_jax.cli.flags import Failure, define_config_flag, load_config, no_arguments, run
-from transformer_jax.compilation_cache import use_compilation_cache
 
 
 def define_flags(values: flags.FlagValues, argv: list[str]) -> None:
@@ -44,6 +42,9 @@ def define_flags(values: flags.FlagValues, argv: list[str]) -> None:
 
 
 def _plan(values: flags.FlagValues, positional: list[str]) -> None:
+    from transformer_jax.aot.plan import format_plan, make_plan
+    from transformer_jax.compilation_cache import use_compilation_cache
+
     no_arguments(positional)
     config = load_config(values)
     folder = os.path.dirname(os.path.abspath(values.json)) if values.json else None

@@ -13,8 +13,8 @@ workdir defaults to ``runs/<config name>``. Rerunning resumes from the last chec
 or Kubernetes tell JAX; each process trains on its share of every batch;
 ``--initialization_timeout`` and ``--peer_timeout`` bound how long the processes wait for
 each other before every one stops with one line. The config fields, with their types,
-defaults, checks and help, are listed at the end of ``--help`` (``training/schema.py``);
-a run's config is ``{workdir}/config.json``.
+defaults, checks and help, are listed at the end of ``--help`` (``training/schema.py``) and
+checked before the library is imported; a run's config is ``{workdir}/config.json``.
 
 The run starts with the line ``workdir: PATH`` and ends with the line naming what it keeps
 there (the checkpoints, config.json and metrics.jsonl).

@@ -1,57 +1,55 @@
 """Data: shared BPE tokenizer, streamed parallel-text sources, prepared (memory-mapped)
-splits, token-budget batches (paper §5.1)."""
+splits, token-budget batches (paper §5.1).
 
-from transformer_jax.data.batching import (
-    Batcher,
-    EncodedPairs,
-    TrainIterator,
-    eval_batches,
-    padding_efficiency,
-)
-from transformer_jax.data.grouping import bucket_lengths
-from transformer_jax.data.pipeline import encoded_split, eval_split_batches, train_iterator
-from transformer_jax.data.preparation import (
-    cache_dir,
-    get_tokenizer,
-    prepare_data,
-    prepared_path,
-    run_splits,
-)
-from transformer_jax.data.sources import SOURCES, load_pairs
-from transformer_jax.data.synthetic import synthetic_pairs
-from transformer_jax.data.tokenizer import (
-    BOS_ID,
-    EOS_ID,
-    PAD_ID,
-    UNK_ID,
-    Tokenizer,
-    load_tokenizer,
-    train_tokenizer,
-)
+Each name is imported when first used (a module ``__getattr__``): importing the package,
+its ``config`` or its ``sources`` imports no JAX.
+"""
 
-__all__ = [
-    "BOS_ID",
-    "EOS_ID",
-    "PAD_ID",
-    "SOURCES",
-    "UNK_ID",
-    "Batcher",
-    "EncodedPairs",
-    "Tokenizer",
-    "TrainIterator",
-    "bucket_lengths",
-    "cache_dir",
-    "encoded_split",
-    "eval_batches",
-    "eval_split_batches",
-    "get_tokenizer",
-    "load_pairs",
-    "load_tokenizer",
-    "padding_efficiency",
-    "prepare_data",
-    "prepared_path",
-    "run_splits",
-    "synthetic_pairs",
-    "train_iterator",
-    "train_tokenizer",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from transformer_jax.lazy import submodule
+
+# name -> the module of this package that defines it
+_PUBLIC: dict[str, str] = {
+    "Batcher": "batching",
+    "EncodedPairs": "batching",
+    "TrainIterator": "batching",
+    "eval_batches": "batching",
+    "padding_efficiency": "batching",
+    "encoded_split": "pipeline",
+    "eval_split_batches": "pipeline",
+    "train_iterator": "pipeline",
+    "bucket_lengths": "grouping",
+    "SOURCES": "config",
+    "cache_dir": "preparation",
+    "get_tokenizer": "preparation",
+    "prepare_data": "preparation",
+    "prepared_path": "preparation",
+    "run_splits": "preparation",
+    "load_pairs": "sources",
+    "synthetic_pairs": "synthetic",
+    "BOS_ID": "tokenizer",
+    "EOS_ID": "tokenizer",
+    "PAD_ID": "tokenizer",
+    "Tokenizer": "tokenizer",
+    "UNK_ID": "tokenizer",
+    "load_tokenizer": "tokenizer",
+    "train_tokenizer": "tokenizer",
+}
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str) -> Any:
+    """A public name, or a module of the package, imported on first use."""
+    if name not in _PUBLIC:
+        return submodule(__name__, name)
+    value = getattr(importlib.import_module(f"{__name__}.{_PUBLIC[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -18,10 +18,10 @@ from collections.abc import Iterable, Iterator
 from itertools import zip_longest
 from typing import Any
 
+from transformer_jax.data.config import SOURCES
 from transformer_jax.data.download import tfds_build
 from transformer_jax.data.synthetic import synthetic_pairs
 
-SOURCES = ("tfds", "text", "synthetic")
 TFDS_READ_BATCH = 1024  # records per batched ArrayRecord read
 # Where TFDS downloads a prepared dataset from first: reachable or not within the timeout
 # decides whether an unprepared dataset is downloaded or refused at once.

@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer_jax.ids import BOS_ID, EOS_ID
+from transformer_jax.inference.config import PAPER
 from transformer_jax.inference.search import (
     StepFn,
     beam,
@@ -79,7 +80,7 @@ def greedy_search(
     src: Array,
     *,
     max_len: int | None = None,
-    max_extra_len: int = 50,
+    max_extra_len: int = PAPER.max_extra_len,
     min_len: int = 0,
     bos_id: int = BOS_ID,
     eos_id: int | None = EOS_ID,
@@ -103,10 +104,10 @@ def beam_search(
     params: Any,
     src: Array,
     *,
-    beam_size: int = 4,
-    alpha: float = 0.6,
+    beam_size: int = PAPER.beam_size,
+    alpha: float = PAPER.alpha,
     max_len: int | None = None,
-    max_extra_len: int = 50,
+    max_extra_len: int = PAPER.max_extra_len,
     min_len: int = 0,
     bos_id: int = BOS_ID,
     eos_id: int | None = EOS_ID,
@@ -139,7 +140,7 @@ def temperature_sample(
     temperature: float = 1.0,
     top_k: int | None = None,
     max_len: int | None = None,
-    max_extra_len: int = 50,
+    max_extra_len: int = PAPER.max_extra_len,
     min_len: int = 0,
     bos_id: int = BOS_ID,
     eos_id: int | None = EOS_ID,

@@ -42,6 +42,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer_jax.ids import BOS_ID, EOS_ID, PAD_ID
+from transformer_jax.inference.config import PAPER
 
 Array = jax.Array
 StepFn = Callable[[Array, Any], tuple[Array, Any]]
@@ -252,8 +253,8 @@ def beam(
     batch: int,
     max_len: int,
     *,
-    beam_size: int = 4,
-    alpha: float = 0.6,
+    beam_size: int = PAPER.beam_size,
+    alpha: float = PAPER.alpha,
     bos_id: int = BOS_ID,
     eos_id: int | None = EOS_ID,
     pad_id: int | None = PAD_ID,

@@ -15,6 +15,7 @@ import jax
 import numpy as np
 
 from transformer_jax.data.tokenizer import EOS_ID, PAD_ID, Tokenizer
+from transformer_jax.inference.config import PAPER
 from transformer_jax.inference.decoding import beam_search, greedy_search
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.multihost.distributed import sum_over_processes
@@ -39,9 +40,9 @@ def translate_lines(
     tokenizer: Tokenizer,
     lines: Sequence[str],
     *,
-    beam_size: int = 4,
-    alpha: float = 0.6,
-    max_extra_len: int = 50,
+    beam_size: int = PAPER.beam_size,
+    alpha: float = PAPER.alpha,
+    max_extra_len: int = PAPER.max_extra_len,
     max_src_len: int | None = None,
     batch_size: int = 64,
     devices: Sequence[jax.Device] | None = None,

@@ -1,6 +1,7 @@
 """The one seam for backend-specific code: the ops the model calls and the process settings.
 
-Two kernel sets give the same values (tests check it):
+Two kernel sets give the same values (tests check it), in :mod:`.sets` (imported, with JAX,
+when first named here: the host's settings below import no JAX):
 
 - ``xla``: plain ``jnp.einsum`` / ``lax.dot_general`` at the configured precision,
   ``jax.random.bits`` for dropout (its mask kept as bits for the backward pass,
@@ -18,52 +19,29 @@ applies the CPU runtime settings (:mod:`.malloc`, :mod:`.vectors`) on CPU hosts 
 
 from __future__ import annotations
 
-import dataclasses
+import importlib
 import importlib.metadata
 import os
-from collections.abc import Callable
+from typing import Any
 
-import jax
-
-from transformer_jax.kernels import cpuinfo, dropout, matmul, precision
+from transformer_jax.kernels import cpuinfo
 from transformer_jax.kernels.malloc import retain_freed_memory
 from transformer_jax.kernels.vectors import prefer_wide_vectors
+from transformer_jax.lazy import submodule
 from transformer_jax.options import PLATFORMS
 
-Array = jax.Array
+# The kernel sets' names (:mod:`.sets`, JAX), imported on first use like the kernels' modules:
+# the host's settings and choices below import no JAX.
+_FROM_SETS = ("Array", "CPU", "Ops", "XLA", "ops")
 
 
-@dataclasses.dataclass(frozen=True)
-class Ops:
-    """The products and dropout the model takes from one kernel set.
-
-    ``dot_general(precision)``: a ``lax.dot_general`` for ``nn.Dense(dot_general=...)``;
-    ``einsum(spec, a, b, precision, preferred_element_type=None)``;
-    ``tied_logits(x, embedding, precision)``: ``x E^T``;
-    ``dropout(x, rate, rng)``: §5.4's dropout.
-    """
-
-    name: str
-    dot_general: Callable[[str], Callable[..., Array]]
-    einsum: Callable[..., Array]
-    tied_logits: Callable[[Array, Array, str], Array]
-    dropout: Callable[[Array, float, Array], Array]
-
-
-def _tied_logits(x: Array, embedding: Array, matmul_precision: str = "float32") -> Array:
-    return precision.einsum("...d,vd->...v", x, embedding, matmul_precision)
-
-
-XLA = Ops("xla", precision.dot_general, precision.einsum, _tied_logits, dropout.dropout)
-CPU = Ops("cpu", matmul.dot_general, matmul.einsum, matmul.tied_logits, dropout.fused_dropout)
-_SETS = {"xla": XLA, "cpu": CPU}
-
-
-def ops(name: str) -> Ops:
-    """The kernel set ``name`` ('xla' | 'cpu', see :func:`transformer_jax.options.resolve`)."""
-    if name not in _SETS:
-        raise ValueError(f"kernel set must be one of {tuple(_SETS)}, got {name!r}")
-    return _SETS[name]
+def __getattr__(name: str) -> Any:
+    """A kernel set's name (:mod:`.sets`) or a kernels module, imported on first use."""
+    if name not in _FROM_SETS:
+        return submodule(__name__, name)
+    value = getattr(importlib.import_module(f"{__name__}.sets"), name)
+    globals()[name] = value
+    return value
 
 
 def host_platform() -> str:

@@ -1,7 +1,18 @@
 """The encoder-decoder of the paper (§3): config, attention, embeddings, layers, the model.
 
-Importing it registers the library's pieces (:mod:`transformer_jax.model.variants`), so that a
-``TransformerConfig`` accepts their names wherever it is made.
+Each module is imported when first named (a module ``__getattr__``): importing the package,
+its ``config`` or its ``registry`` imports neither JAX nor Flax. A ``TransformerConfig``
+accepts the library's pieces' names (:data:`transformer_jax.model.registry.SHIPPED`) wherever
+it is made; the modules that hold them are imported once a config is made.
 """
 
-from transformer_jax.model import embeddings, variants  # noqa: F401
+from __future__ import annotations
+
+from types import ModuleType
+
+from transformer_jax.lazy import submodule
+
+
+def __getattr__(name: str) -> ModuleType:
+    """A module of the model, imported on first use."""
+    return submodule(__name__, name)

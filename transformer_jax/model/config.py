@@ -1,17 +1,19 @@
 """``TransformerConfig``: one frozen dataclass passed to every module (defaults: paper base).
 
 It is the ``model`` section of a run's config: each field is declared once here with its
-default, check and help (:func:`transformer_jax.fields.setting`).
+default, check and help (:func:`transformer_jax.fields.setting`). Importing it imports no JAX
+or Flax (a command's ``--help`` and a config's field checks read it): a dtype is declared by
+name and made JAX's when a config is made, the pieces' names are the registry's
+(:mod:`transformer_jax.model.registry`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import sys
 from collections.abc import Callable
 from typing import Any
-
-import jax
-import jax.numpy as jnp
 
 from transformer_jax.fields import (
     FLAG,
@@ -36,17 +38,23 @@ from transformer_jax.options import (
 
 NORMS = ("post", "pre")
 REMATS = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+DTYPES = ("float32", "bfloat16", "float16")  # the names of jax.numpy's dtypes
 
 
 def dtype_name(value: Any) -> str | None:
     """'float32' for ``'float32'`` or ``jnp.float32``; None for what is not a dtype."""
     if isinstance(value, str):
         return value
+    numpy = sys.modules.get("numpy")  # a dtype that is not a name came from NumPy (or JAX)
     try:
-        return jnp.dtype(value).name
+        return None if numpy is None else numpy.dtype(value).name
     except TypeError:
         return None
+
+
+def jax_dtype(name: str) -> Any:
+    """``jnp.float32`` for ``'float32'`` (JAX imported now, where a config is made)."""
+    return getattr(importlib.import_module("jax.numpy"), name)
 
 
 class Registered(Check):
@@ -173,9 +181,9 @@ class TransformerConfig:
     tie_output: bool = setting(True, "pre-softmax linear = target embedding^T (§3.4)", FLAG)
     pad_id: int = setting(0, "the padding token's id", integer(0))
     dtype: Any = setting(
-        jnp.float32, "compute dtype; softmax, LayerNorm stats and loss stay float32", DTYPE
+        "float32", "compute dtype; softmax, LayerNorm stats and loss stay float32", DTYPE
     )
-    param_dtype: Any = setting(jnp.float32, "dtype of the parameters and Adam's state", DTYPE)
+    param_dtype: Any = setting("float32", "dtype of the parameters and Adam's state", DTYPE)
     matmul_precision: str = setting(
         "float32",
         "products' operands: 'float32' (paper), 'tf32', 'bfloat16'; 'auto': the target's "
@@ -211,7 +219,7 @@ class TransformerConfig:
     def __post_init__(self) -> None:
         check_values(TransformerConfig, vars(self))
         for name in ("dtype", "param_dtype"):  # a dtype's name, as in a config file
-            object.__setattr__(self, name, DTYPES[dtype_name(getattr(self, name))])
+            object.__setattr__(self, name, jax_dtype(dtype_name(getattr(self, name))))
         if (self.qk_dim is None or self.v_dim is None) and self.d_model % self.num_heads:
             raise ValueError(
                 f"d_model={self.d_model} must be divisible by num_heads={self.num_heads} "
@@ -223,11 +231,11 @@ class TransformerConfig:
                     f"attention_impl='cudnn' needs platform 'gpu' or 'cuda', got "
                     f"{self.platform!r} (use attention_impl='fused' elsewhere)"
                 )
-            half = jnp.dtype(self.dtype) in (jnp.bfloat16, jnp.float16)
-            if not (half or self.matmul_precision == "bfloat16"):
+            dtype = dtype_name(self.dtype)
+            if not (dtype in ("bfloat16", "float16") or self.matmul_precision == "bfloat16"):
                 raise ValueError(
                     "attention_impl='cudnn' needs dtype bfloat16 or float16 (or "
-                    f"matmul_precision='bfloat16'), got dtype {jnp.dtype(self.dtype).name}"
+                    f"matmul_precision='bfloat16'), got dtype {dtype}"
                 )
         if self.attention_impl != "reference" and (
             self.attention_dropout_rate > 0 or self.sow_attention_weights
@@ -267,7 +275,9 @@ class TransformerConfig:
     @property
     def target_platform(self) -> str:
         """``platform``, or JAX's default backend where it is 'auto'."""
-        return jax.default_backend() if self.platform == "auto" else self.platform
+        if self.platform != "auto":
+            return self.platform
+        return importlib.import_module("jax").default_backend()
 
     @property
     def kernel_set(self) -> str:

@@ -16,16 +16,39 @@ file that imports the module registering it makes ``--config.model.ffn=NAME`` wo
 given as a module attribute is looked up here by identity: a registered one brings its
 declarations and checks, another one is anonymous (no checks of its own; a score hook keeps the
 positions the config names). :func:`check` holds the rules, for names and module arguments alike.
+The library's names are listed in :data:`SHIPPED` with the module that ships each: a config's
+names are checked without importing Flax, the pieces are imported once a config is made.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
 FIELDS = {"ffn": "ffn", "norm": "norm_type", "positional": "positional", "attention": "attention"}
 ATTRIBUTES = {"ffn": "ffn", "norm": "norm", "positional": "score_fn", "attention": "attention"}
+
+# The library's pieces: each kind's names, in order, and the module that ships each (its
+# ``ship`` call). A config's names are checked against these without importing the modules
+# (Flax); the pieces themselves are read once a config is made or a model built (:func:`named`).
+_MODEL = "transformer_jax.model"
+SHIPPED: dict[str, dict[str, str]] = {
+    "positional": {
+        **dict.fromkeys(("sinusoidal", "learned", "none"), f"{_MODEL}.embeddings"),
+        **dict.fromkeys(("rope", "alibi"), f"{_MODEL}.variants"),
+    },
+    "ffn": {
+        "relu": f"{_MODEL}.layers",
+        **dict.fromkeys(("gelu", "glu", "geglu", "swiglu"), f"{_MODEL}.variants"),
+    },
+    "norm": {"layer": f"{_MODEL}.layers", "rms": f"{_MODEL}.variants"},
+    "attention": {
+        "multi_head": f"{_MODEL}.layers",
+        **dict.fromkeys(("grouped_query", "multi_query"), f"{_MODEL}.variants"),
+    },
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,7 +97,7 @@ def register(
         raise ValueError(f"kind must be one of {tuple(FIELDS)}, got {kind!r}")
     if not isinstance(name, str) or not name.isidentifier():
         raise ValueError(f"a {kind} name must be an identifier, got {name!r}")
-    if name in _PIECES[kind] and _PIECES[kind][name].shipped:
+    if name in SHIPPED[kind]:
         raise ValueError(f"{FIELDS[kind]}={name!r} is the library's: register yours as another")
     if not callable(piece):
         raise ValueError(f"the {kind} piece {name!r} must be callable, got {piece!r}")
@@ -91,26 +114,37 @@ def ship(
     adds: str | None = None,
     needs: Callable[[Any], str | None] | None = None,
 ) -> Any:
-    """Register one of the library's pieces (kept for good: config files name it);
-    ``piece`` None with ``adds``: positions added to the embeddings, no score hook."""
+    """Register one of the library's pieces (kept for good: config files name it), as
+    :data:`SHIPPED` lists it; ``piece`` None with ``adds``: positions added to the
+    embeddings, no score hook."""
+    if name not in SHIPPED[kind]:
+        raise ValueError(f"{FIELDS[kind]}={name!r} is not in registry.SHIPPED[{kind!r}]")
     _PIECES[kind][name] = Piece(kind, name, piece, adds, needs, shipped=True)
     return piece
 
 
 def names(kind: str) -> tuple[str, ...]:
-    """The names registered for ``kind``, the library's first."""
-    return tuple(_PIECES[kind])
+    """The names registered for ``kind``, the library's first (none of its modules imported)."""
+    return (*SHIPPED[kind], *(name for name in _PIECES[kind] if name not in SHIPPED[kind]))
+
+
+def _pieces(kind: str) -> dict[str, Piece]:
+    """Every piece of ``kind``, the library's first: the modules that ship them imported."""
+    for module in dict.fromkeys(SHIPPED[kind].values()):
+        importlib.import_module(module)
+    shipped = {name: _PIECES[kind][name] for name in SHIPPED[kind]}
+    return {**shipped, **_PIECES[kind]}
 
 
 def named(config: Any) -> dict[str, Piece]:
     """The piece of each kind that ``config`` names."""
-    return {kind: _PIECES[kind][getattr(config, field)] for kind, field in FIELDS.items()}
+    return {kind: _pieces(kind)[getattr(config, field)] for kind, field in FIELDS.items()}
 
 
 def _given(kind: str, build: Any, config_piece: Piece) -> Piece:
     """The registered piece that ``build`` is (its first name), else ``build`` as an
     anonymous piece."""
-    for piece in _PIECES[kind].values():
+    for piece in _pieces(kind).values():
         if piece.build is build:
             return piece
     name = getattr(build, "__name__", None) or type(build).__name__

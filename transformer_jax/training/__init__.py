@@ -2,40 +2,47 @@
 
 The names below are the ones a training script needs; data parallelism (``parallel``),
 checkpoints and the loop behind ``train.py`` (``loop``) are imported from their modules.
+
+Each name is imported when first used (a module ``__getattr__``): importing the package or
+its ``config`` imports no JAX.
 """
 
-from transformer_jax.training.loss import loss_and_metrics, smoothed_cross_entropy, summarize
-from transformer_jax.training.optimizer import (
-    transformer_optimizer,
-    transformer_schedule,
-    with_cooldown,
-)
-from transformer_jax.training.steps import (
-    TrainState,
-    accumulate_gradients,
-    apply_gradients,
-    create_train_state,
-    dropout_key,
-    eval_step,
-    make_batch,
-    train_step,
-    zero_accumulator,
-)
+from __future__ import annotations
 
-__all__ = [
-    "TrainState",
-    "accumulate_gradients",
-    "apply_gradients",
-    "create_train_state",
-    "dropout_key",
-    "eval_step",
-    "loss_and_metrics",
-    "make_batch",
-    "smoothed_cross_entropy",
-    "summarize",
-    "train_step",
-    "transformer_optimizer",
-    "transformer_schedule",
-    "with_cooldown",
-    "zero_accumulator",
-]
+import importlib
+from typing import Any
+
+from transformer_jax.lazy import submodule
+
+# name -> the module of this package that defines it
+_PUBLIC: dict[str, str] = {
+    "loss_and_metrics": "loss",
+    "smoothed_cross_entropy": "loss",
+    "summarize": "loss",
+    "transformer_optimizer": "optimizer",
+    "transformer_schedule": "optimizer",
+    "with_cooldown": "optimizer",
+    "TrainState": "steps",
+    "accumulate_gradients": "steps",
+    "apply_gradients": "steps",
+    "create_train_state": "steps",
+    "dropout_key": "steps",
+    "eval_step": "steps",
+    "make_batch": "steps",
+    "train_step": "steps",
+    "zero_accumulator": "steps",
+}
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str) -> Any:
+    """A public name, or a module of the package, imported on first use."""
+    if name not in _PUBLIC:
+        return submodule(__name__, name)
+    value = getattr(importlib.import_module(f"{__name__}.{_PUBLIC[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

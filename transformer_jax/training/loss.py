@@ -28,9 +28,9 @@ import math
 import jax
 import jax.numpy as jnp
 
-Array = jax.Array
+from transformer_jax.training.config import CONVENTIONS
 
-CONVENTIONS = ("t2t", "uniform")
+Array = jax.Array
 
 
 def check_convention(convention: str, name: str = "label_smoothing_convention") -> None:

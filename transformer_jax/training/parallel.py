@@ -20,9 +20,9 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from transformer_jax.training import steps
+from transformer_jax.training.config import PARALLEL_KINDS
 from transformer_jax.training.steps import TrainState
 
-PARALLEL_KINDS = ("pmap", "shard_map", "mesh")  # 'mesh': training.mesh.MeshParallel
 AXIS = "batch"
 
 
