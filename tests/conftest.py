@@ -81,9 +81,11 @@ TINY_CONFIG = TransformerConfig(
 
 def flip_a_bit(directory) -> None:
     """Flip one bit in the middle of the largest file under ``directory`` (a damaged
-    checkpoint item)."""
+    checkpoint item): of its array data (files in ``d/`` folders) where it has any, since
+    Orbax may spread the arrays over several files smaller than its ``_METADATA``."""
     paths = [os.path.join(b, n) for b, _, names in os.walk(directory) for n in names]
-    path = max(paths, key=os.path.getsize)
+    data = [p for p in paths if os.path.basename(os.path.dirname(p)) == "d"]
+    path = max(data or paths, key=os.path.getsize)
     data = bytearray(open(path, "rb").read())
     data[len(data) // 2] ^= 0x10
     open(path, "wb").write(bytes(data))
