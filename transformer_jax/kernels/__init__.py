@@ -19,29 +19,20 @@ applies the CPU runtime settings (:mod:`.malloc`, :mod:`.vectors`) on CPU hosts 
 
 from __future__ import annotations
 
-import importlib
 import importlib.metadata
 import os
-from typing import Any
 
 from transformer_jax.kernels import cpuinfo
 from transformer_jax.kernels.malloc import retain_freed_memory
 from transformer_jax.kernels.vectors import prefer_wide_vectors
-from transformer_jax.lazy import submodule
+from transformer_jax.lazy import lazy_names
 from transformer_jax.options import PLATFORMS
 
 # The kernel sets' names (:mod:`.sets`, JAX), imported on first use like the kernels' modules:
 # the host's settings and choices below import no JAX.
-_FROM_SETS = ("Array", "CPU", "Ops", "XLA", "ops")
-
-
-def __getattr__(name: str) -> Any:
-    """A kernel set's name (:mod:`.sets`) or a kernels module, imported on first use."""
-    if name not in _FROM_SETS:
-        return submodule(__name__, name)
-    value = getattr(importlib.import_module(f"{__name__}.sets"), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_names(
+    __name__, {name: "sets" for name in ("Array", "CPU", "Ops", "XLA", "ops")}
+)
 
 
 def host_platform() -> str:

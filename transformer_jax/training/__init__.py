@@ -9,10 +9,7 @@ its ``config`` imports no JAX.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
-from transformer_jax.lazy import submodule
+from transformer_jax.lazy import lazy_names
 
 # name -> the module of this package that defines it
 _PUBLIC: dict[str, str] = {
@@ -34,15 +31,4 @@ _PUBLIC: dict[str, str] = {
 }
 __all__ = sorted(_PUBLIC)
 
-
-def __getattr__(name: str) -> Any:
-    """A public name, or a module of the package, imported on first use."""
-    if name not in _PUBLIC:
-        return submodule(__name__, name)
-    value = getattr(importlib.import_module(f"{__name__}.{_PUBLIC[name]}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_names(__name__, _PUBLIC)
