@@ -62,7 +62,7 @@ TOKENIZER_FILE = "tokenizer.model"
 CACHE_DIR = "data_cache"
 # A chunk: its pairs, or (spool, first pair, stop pair) for pairs a worker reads itself.
 Chunk = list[Pair] | tuple[str, int, int]
-_worker: dict[str, Any] = {"spools": {}}  # a worker process's tokenizer and mapped spools
+worker_state: dict[str, Any] = {"spools": {}}  # a worker process's tokenizer and mapped spools
 
 
 def get_tokenizer(
@@ -160,9 +160,11 @@ def workers(data_config: Any) -> int:
     return data_config.prepare_workers or len(os.sched_getaffinity(0))
 
 
-def _start_worker(model_proto: bytes, target_vocab_size: int | None, parent: int) -> None:
+def start_worker(model_proto: bytes, target_vocab_size: int | None, parent: int) -> None:
+    """A worker process's start (preparation's and :mod:`.resampled`'s): its tokenizer in
+    :data:`worker_state`, Ctrl-C left to the parent, and an end when ``parent`` ends."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    _worker["tokenizer"] = Tokenizer(model_proto, target_vocab_size)
+    worker_state["tokenizer"] = Tokenizer(model_proto, target_vocab_size)
     threading.Thread(target=_end_with, args=(parent,), daemon=True).start()
 
 
@@ -190,8 +192,8 @@ def _pairs_of(chunk: Chunk, spools: dict[str, Any]) -> list[Pair]:
 
 def _encode_in_worker(chunk: Chunk) -> EncodedPairs:
     """``chunk`` encoded, its ids in the prepared split's dtype (half the bytes to send)."""
-    tokenizer = _worker["tokenizer"]
-    encoded = encode_pairs(tokenizer, _pairs_of(chunk, _worker["spools"]), num_threads=1)
+    tokenizer = worker_state["tokenizer"]
+    encoded = encode_pairs(tokenizer, _pairs_of(chunk, worker_state["spools"]), num_threads=1)
     dtype = token_dtype(tokenizer.vocab_size)
     return dataclasses.replace(
         encoded, src=encoded.src.astype(dtype), tgt=encoded.tgt.astype(dtype)
@@ -213,7 +215,7 @@ def encode_chunks(
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["__main__", __name__])  # imported once, not per worker
     args = (tokenizer.model_proto, tokenizer.target_vocab_size, os.getpid())
-    pool = concurrent.futures.ProcessPoolExecutor(processes, context, _start_worker, args)
+    pool = concurrent.futures.ProcessPoolExecutor(processes, context, start_worker, args)
     pending: collections.deque = collections.deque()
     try:
         for chunk in itertools.chain(first, chunks):

@@ -74,7 +74,7 @@ def chunked(pairs: Iterable[Pair], size: int) -> Iterator[list[Pair]]:
 
 
 @contextlib.contextmanager
-def _locked(path: str) -> Iterator[None]:
+def locked(path: str) -> Iterator[None]:
     """Hold an exclusive lock on the file ``path`` (waiting for another holder)."""
     with open(path, "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
@@ -178,7 +178,7 @@ def write_split(
     dtype = token_dtype(vocab_size)
     partial = f"{path}.partial-{chunk_pairs}"
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)  # a removed data_cache comes back
-    with _locked(f"{path}.lock"):
+    with locked(f"{path}.lock"):
         if not os.path.isdir(path):
             _write_partial(partial, chunks, counts, dtype)
             os.rename(partial, path)

@@ -28,10 +28,10 @@ import uuid
 import numpy as np
 
 from transformer_jax.data.batching import EncodedPairs
-from transformer_jax.data.preparation import _start_worker, _worker
+from transformer_jax.data.preparation import start_worker, worker_state
 from transformer_jax.data.prepared import (
     CHUNK_PAIRS,
-    _locked,
+    locked,
     map_texts,
     source_texts,
     token_dtype,
@@ -58,7 +58,7 @@ def resampled_dir(
 
 def _start_resampler(model_proto: bytes, parent: int) -> None:
     os.nice(NICE)
-    _start_worker(model_proto, None, parent)
+    start_worker(model_proto, None, parent)
 
 
 def _sample_chunk(
@@ -66,10 +66,10 @@ def _sample_chunk(
 ) -> None:
     """Sentences ``first`` to ``stop - 1`` of the sources at ``sources`` sampled with
     ``seed``, written to ``out`` (ids in the prepared dtype and each sentence's length)."""
-    tokenizer = _worker["tokenizer"]
-    if sources not in _worker["spools"]:
-        _worker["spools"][sources] = map_texts(sources)
-    texts = source_texts(_worker["spools"][sources], first, stop)
+    tokenizer = worker_state["tokenizer"]
+    if sources not in worker_state["spools"]:
+        worker_state["spools"][sources] = map_texts(sources)
+    texts = source_texts(worker_state["spools"][sources], first, stop)
     ids, lengths = tokenizer.encode_sampled(texts, dropout, seed)
     tmp = f"{out}.{uuid.uuid4().hex}.tmp"
     with open(tmp, "wb") as f:
@@ -216,7 +216,7 @@ class ResampledEpochs:
         """Write ``epoch`` unless it is complete (another process may be writing it: then
         wait for it), resuming from the whole chunks of an interrupted build."""
         path = self.path(epoch)
-        with _locked(f"{path}.lock"):
+        with locked(f"{path}.lock"):
             if self._open(epoch) is not None:
                 return
             partial = f"{path}.partial"
