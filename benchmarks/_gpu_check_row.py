@@ -80,6 +80,7 @@ def train(config: Any, model: Any, steps: int) -> tuple[dict[str, Any], Any, Any
         config.train.label_smoothing,
         label_smoothing_convention=config.train.label_smoothing_convention,
         mesh_model=config.train.mesh_model,
+        logical_axis_rules=config.train.logical_axis_rules,
     )
     length = config.data.max_len
     rows = batch_rows(config.data.tokens_per_batch, length, jax.device_count())

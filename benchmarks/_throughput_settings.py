@@ -79,7 +79,7 @@ VARIANTS = {  # library options compared in one process, alternating with each o
     "unsafe_rbg": {"rng_impl": "unsafe_rbg"},
     "no-dropout": {"model": {"dropout_rate": 0.0}},  # not a training setting: RNG cost bound
     "target-5120": {"model": {"tgt_vocab_size": 5120}},  # targets: the first 5,120 pieces
-    "pmap": {"parallel": "pmap"},  # the training loop's DataParallel wrappers
+    "pmap": {"parallel": "pmap"},  # the training loop's pmap strategy
     "shard_map": {"parallel": "shard_map"},
 }
 

@@ -24,11 +24,12 @@ class JaxStep:
     """
 
     def __init__(self, setting: Setting, variant: str = "default", kernels: str = "auto") -> None:
+        import flax.linen
         import jax
 
         from transformer_jax import Transformer, TransformerConfig
+        from transformer_jax.training.mesh import make_parallel
         from transformer_jax.training.optimizer import transformer_optimizer, transformer_schedule
-        from transformer_jax.training.parallel import DataParallel
         from transformer_jax.training.steps import create_train_state, train_step
 
         options = VARIANTS[variant]
@@ -42,14 +43,14 @@ class JaxStep:
         tx = transformer_optimizer(transformer_schedule(self.config.d_model, WARMUP_STEPS))
         rng_impl = options.get("rng_impl")
         rng = jax.random.key(1, impl=rng_impl) if rng_impl else jax.random.PRNGKey(1)
-        state = create_train_state(params["params"], tx, rng)
+        state = create_train_state(flax.linen.unbox(params["params"]), tx, rng)
         parallel = options.get("parallel", "jit")
         if parallel == "jit":
             step = functools.partial(train_step, model=model, label_smoothing=LABEL_SMOOTHING)
             self._step = jax.jit(step, donate_argnums=(0,))
             self.state, self.batch = state, jax.device_put(batch)
-        else:  # the training loop's path: DataParallel over the local devices
-            dp = DataParallel(parallel, model, LABEL_SMOOTHING)
+        else:  # the training loop's path: pmap or shard_map over the local devices
+            dp = make_parallel(parallel, model, LABEL_SMOOTHING)
             self._step = dp.train_step
             self.state, self.batch = dp.replicate(state), batch
         self.jitted = parallel == "jit"

@@ -13,6 +13,7 @@ import functools
 from typing import Any
 
 import _common
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
@@ -40,7 +41,7 @@ def step_memory(config: TransformerConfig, rows: int, length: int) -> dict[str, 
     model = Transformer(config)
     batch = {k: jnp.full((rows, length), 5, jnp.int32) for k in ("src", "tgt_in", "tgt_out")}
     one = batch["src"][:1]
-    params = jax.eval_shape(lambda: model.init(jax.random.key(0), one, one)["params"])
+    params = nn.unbox(jax.eval_shape(lambda: model.init(jax.random.key(0), one, one)["params"]))
     tx = optax.adam(1e-3)
     state = jax.eval_shape(lambda p: create_train_state(p, tx, jax.random.key(1)), params)
     step = jax.jit(functools.partial(train_step, model=model), donate_argnums=0)

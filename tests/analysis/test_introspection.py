@@ -18,7 +18,7 @@ TGT = jnp.array([[2, 9, 10, 11, 0], [2, 9, 10, 11, 12]], jnp.int32)
 
 @pytest.fixture(scope="module")
 def params():
-    return jax.jit(Transformer(CFG).init)(jax.random.key(0), SRC, TGT)["params"]
+    return nn.unbox(jax.jit(Transformer(CFG).init)(jax.random.key(0), SRC, TGT)["params"])
 
 
 @pytest.fixture(scope="module")

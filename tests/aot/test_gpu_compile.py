@@ -65,7 +65,8 @@ def check(compiled, model, calls):
 def test_train_step_compiles_for_h100s(name, arithmetic, kind, topology):
     config, model = run_config(name, arithmetic)
     devices = programs.gpu_devices(H100, topology)
-    compiled = programs.train_program(model, config, devices, ROWS * len(devices), LENGTH, kind)
+    config.train.parallel = kind
+    compiled = programs.train_program(model, config, devices, ROWS * len(devices), LENGTH)
     sublayers = model.num_encoder_layers + 2 * model.num_decoder_layers
     check(compiled, model, calls=2 * sublayers)  # forward and backward
     reduced = compiled.hlo["collectives"].get("all-reduce", {"count": 0, "bytes": 0})
@@ -77,10 +78,10 @@ def test_train_step_compiles_for_h100s(name, arithmetic, kind, topology):
 
 
 def test_mesh_train_step_compiles_for_8_h100s_with_sharded_parameters():
-    config, model = run_config("big", "bfloat16-cudnn")  # train.parallel='mesh'
-    config.train.mesh_model = 2  # 4 x 2: FSDP over 4, tensor parallel over 2
+    config, model = run_config("big", "bfloat16-cudnn")
+    config.train.update(parallel="mesh", mesh_model=2)  # 4 x 2: FSDP over 4, tensor parallel over 2
     devices = programs.gpu_devices(H100, "1x1x8")
-    compiled = programs.train_program(model, config, devices, ROWS * 4, LENGTH, "mesh")
+    compiled = programs.train_program(model, config, devices, ROWS * 4, LENGTH)
     sublayers = model.num_encoder_layers + 2 * model.num_decoder_layers
     check(compiled, model, calls=2 * sublayers)
     state = programs.abstract_state(model, config)
@@ -97,8 +98,9 @@ def test_big_mesh_step_moves_parameters_and_gradients_not_activations():
     logits gather: the all-to-alls carry only their 2 gradients (one device's bfloat16
     [rows, length, d_model] each, operands and results) to the table's shards, and ids."""
     config, model = run_config("big", "bfloat16-cudnn")
+    config.train.parallel = "mesh"
     devices = programs.gpu_devices(H100, "1x1x8")
-    compiled = programs.train_program(model, config, devices, ROWS * 8, LENGTH, "mesh")
+    compiled = programs.train_program(model, config, devices, ROWS * 8, LENGTH)
     params = jax.tree.leaves(programs.abstract_state(model, config).params)
     compute = sum(x.size * (4 if x.ndim == 1 else 2) for x in params)
     moved = compiled.hlo["collectives"]

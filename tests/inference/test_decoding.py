@@ -4,6 +4,7 @@ limits, one compile per shape."""
 
 import itertools
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -30,7 +31,7 @@ SRC = jnp.array([[4, 5, 4, 5, 3], [5, 4, 3, 0, 0], [4, 3, 0, 0, 0]], jnp.int32)
 
 @pytest.fixture(scope="module")
 def params():
-    return jax.jit(Transformer(CFG).init)(jax.random.key(0), SRC, SRC)["params"]
+    return nn.unbox(jax.jit(Transformer(CFG).init)(jax.random.key(0), SRC, SRC)["params"])
 
 
 def with_eos_bias(params, bias):
@@ -54,12 +55,14 @@ def lengths(src):
 def test_cached_steps_equal_full_decoder_pass(variant):
     cfg = CFG.replace(vocab_size=11, **variant)
     tgt = jnp.array([[BOS_ID, 4, 7, 9, 5, 3], [BOS_ID, 10, 4, 4, 0, 0], [BOS_ID, 6, 3, 0, 0, 0]])
-    params = jax.jit(Transformer(cfg).init)(jax.random.key(1), SRC, tgt)["params"]
+    params = nn.unbox(jax.jit(Transformer(cfg).init)(jax.random.key(1), SRC, tgt)["params"])
     full = jax.jit(Transformer(cfg).apply)({"params": params}, SRC, tgt)
 
     model = Transformer(cfg.replace(decode=True))
     encoded = jax.jit(lambda p: model.apply({"params": p}, SRC, method="encode"))(params)
-    cache = jax.jit(model.init)(jax.random.key(2), SRC, jnp.zeros((3, 8), jnp.int32))["cache"]
+    cache = nn.unbox(
+        jax.jit(model.init)(jax.random.key(2), SRC, jnp.zeros((3, 8), jnp.int32))["cache"]
+    )
     step = jax.jit(
         lambda cache, enc, tok: model.apply(
             {"params": params, "cache": cache}, enc, SRC, tok, method="decode", mutable=["cache"]
@@ -174,7 +177,7 @@ def test_large_beam_finds_the_exhaustive_best(params, models):
     hypotheses += [[a, b, c] for a, b in itertools.product(words, words) for c in words + [EOS_ID]]
     p = with_eos_bias(params, 0.5)
     if models == 2:
-        p = [p, jax.jit(Transformer(CFG).init)(jax.random.key(7), SRC, SRC)["params"]]
+        p = nn.unbox([p, jax.jit(Transformer(CFG).init)(jax.random.key(7), SRC, SRC)["params"]])
     tokens, scores = beam_search(
         CFG, p, SRC, beam_size=96, alpha=alpha, max_len=limit, return_all=True
     )
@@ -262,3 +265,11 @@ def test_bad_source_raises(params):
         greedy_search(CFG, params, SRC[0])
     with pytest.raises(ValueError, match="src"):
         greedy_search(CFG, params, jnp.ones((2, 30), jnp.int32))
+
+
+def test_beam_search_takes_init_output_boxed_or_plain(params):
+    boxed = jax.jit(Transformer(CFG).init)(jax.random.key(0), SRC, SRC)["params"]
+    is_box = lambda x: isinstance(x, nn.LogicallyPartitioned)  # noqa: E731
+    assert all(map(is_box, jax.tree.leaves(boxed, is_leaf=is_box)))  # init: every one named
+    plain = beam_search(CFG, params, SRC, max_extra_len=6)
+    np.testing.assert_array_equal(beam_search(CFG, boxed, SRC, max_extra_len=6), plain)

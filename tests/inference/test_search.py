@@ -5,6 +5,7 @@ cache."""
 
 import math
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -231,7 +232,7 @@ def test_decoder_only_model_decodes_over_its_cache():
     cached greedy equals greedy by full passes, and its beam search runs on the cache."""
     cfg = TINY_CONFIG.replace(vocab_size=13, dropout_rate=0.0, max_len=12)
     model = Decoder(cfg)
-    params = jax.jit(model.init)(jax.random.key(0), jnp.ones((2, 6), jnp.int32))["params"]
+    params = nn.unbox(jax.jit(model.init)(jax.random.key(0), jnp.ones((2, 6), jnp.int32))["params"])
     step = decoding.cached_step(Decoder(cfg.replace(decode=True)), params)
     cache = decoding.init_cache(Decoder(cfg.replace(decode=True)), 2, 8)
     prefix = jnp.array([[BOS_ID, 5, 9, 4, 7], [BOS_ID, 11, 6, 6, 8]])

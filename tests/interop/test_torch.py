@@ -7,6 +7,7 @@ refused in one line."""
 
 from pathlib import Path
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -29,7 +30,9 @@ ATOL = 1e-5
 
 def init(config, seed=0, noise=0.0):
     """Initial parameters, plus ``noise`` x N(0, 1) (biases and norms are 0 / 1 at first)."""
-    params = jax.jit(tj.Transformer(config).init)(jax.random.key(seed), SRC, TGT)["params"]
+    params = nn.unbox(
+        jax.jit(tj.Transformer(config).init)(jax.random.key(seed), SRC, TGT)["params"]
+    )
     leaves, tree = jax.tree.flatten(params)
     keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
     noisy = [p + noise * jax.random.normal(k, p.shape) for p, k in zip(leaves, keys, strict=True)]

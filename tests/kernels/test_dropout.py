@@ -2,6 +2,7 @@
 the backward pass keeps the mask as bits and gives the plain formula's gradients."""
 
 import flax.errors
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -129,7 +130,7 @@ def test_model_loss_and_gradients_equal_the_plain_formulas(kernels, dtype, monke
     src = jax.random.randint(jax.random.PRNGKey(0), (3, 7), 4, 16)
     tgt = jax.random.randint(jax.random.PRNGKey(1), (3, 6), 4, 16)
     model = Transformer(cfg)
-    params = jax.jit(model.init)(jax.random.PRNGKey(2), src, tgt)["params"]
+    params = nn.unbox(jax.jit(model.init)(jax.random.PRNGKey(2), src, tgt)["params"])
 
     def loss_and_grads(params):
         def loss(p):

@@ -18,6 +18,7 @@ has none, so the fixture ``cudnn`` reports version 9.10 (``check_cudnn_version``
 import collections
 import re
 
+import flax.linen as nn
 import jax
 import jax._src.cudnn.fused_attention_stablehlo as cudnn_attention
 import jax.numpy as jnp
@@ -29,7 +30,7 @@ from transformer_jax import Transformer, TransformerConfig
 from transformer_jax.inference.decoding import beam_search
 from transformer_jax.model import variants
 from transformer_jax.training import steps
-from transformer_jax.training.parallel import DataParallel
+from transformer_jax.training.mesh import make_parallel
 
 BATCH, LENGTH = 8, 64  # the train step's per-device batch; a multiple of 8 (cuDNN)
 CUDNN_FORWARD, CUDNN_BACKWARD = "__cudnn$fmhaSoftmax", "__cudnn$fmhaSoftmaxBackward"
@@ -72,7 +73,7 @@ def config(arithmetic, impl, platform="gpu"):
 def abstract_params(cfg):
     tokens = jnp.zeros((1, 8), jnp.int32)
     init = lambda: Transformer(cfg).init(jax.random.key(0), tokens, tokens)["params"]  # noqa: E731
-    return jax.eval_shape(init)
+    return nn.unbox(jax.eval_shape(init))
 
 
 def tokens(*shape):
@@ -134,14 +135,12 @@ def train_module(cfg, kind, lowering_for):
     params = abstract_params(cfg)
     tx = optax.adam(1e-3)
     state = jax.eval_shape(lambda p: steps.create_train_state(p, tx, jax.random.PRNGKey(0)), params)
-    parallel = DataParallel(kind, model, 0.1, devices=jax.local_devices()[:1])
-    if kind == "pmap":  # a leading device axis; pmap's lower traces for the patched platform
+    parallel = make_parallel(kind, model, 0.1, devices=jax.local_devices()[:1])
+    program = parallel.step_program(state, BATCH, LENGTH)
+    if kind == "pmap":  # pmap's lower traces for the patched platform
         lowering_for("cuda")
-        stacked = lambda x: jax.ShapeDtypeStruct((1, *x.shape), x.dtype)  # noqa: E731
-        batch = {k: tokens(1, BATCH, LENGTH) for k in ("src", "tgt_in", "tgt_out")}
-        return parallel._train.lower(jax.tree.map(stacked, state), batch).as_text()
-    batch = {k: tokens(BATCH, LENGTH) for k in ("src", "tgt_in", "tgt_out")}
-    return parallel._train.trace(state, batch).lower(lowering_platforms=("cuda",)).as_text()
+        return program.fn.lower(*program.args).as_text()
+    return program.fn.trace(*program.args).lower(lowering_platforms=("cuda",)).as_text()
 
 
 # -- the default suite: the paper's program and each construct once -----------------------

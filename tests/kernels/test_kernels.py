@@ -3,6 +3,7 @@ and ``cpu`` sets give the same logits and gradients, CPU process settings only o
 
 import re
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -103,7 +104,7 @@ def test_xla_and_cpu_kernels_give_the_same_logits_and_gradients(
     label-smoothed loss, to float32 rounding (1e-5 of the largest entry) or to the
     products' bfloat16 rounding."""
     xla, cpu = (CFG.replace(kernels=k, **changes) for k in ("xla", "cpu"))
-    params = Transformer(xla).init(jax.random.PRNGKey(0), SRC, TGT[:, :-1])["params"]
+    params = nn.unbox(Transformer(xla).init(jax.random.PRNGKey(0), SRC, TGT[:, :-1])["params"])
     (lx, gx), (lc, gc) = logits_and_grads(xla, params), logits_and_grads(cpu, params)
 
     def close(a, b):
@@ -119,7 +120,9 @@ def test_only_the_cpu_set_carries_cpu_constructs():
     out (32-bit shift ops), no fake dependency; the cpu set has its blocked transpose."""
 
     def jaxpr(config):
-        params = Transformer(config).init(jax.random.PRNGKey(0), SRC, TGT[:, :-1])["params"]
+        params = nn.unbox(
+            Transformer(config).init(jax.random.PRNGKey(0), SRC, TGT[:, :-1])["params"]
+        )
         return str(jax.make_jaxpr(lambda p: logits_and_grads(config, p))(params))
 
     plain, tuned = (jaxpr(CFG.replace(kernels=k)) for k in ("xla", "cpu"))

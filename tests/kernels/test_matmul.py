@@ -112,7 +112,7 @@ def test_float32_products_carry_their_precision_and_bad_precision_raises(name, e
         assert found and set(found) == {expected}, found
     for dot_general in (precision.dot_general(name), matmul.dot_general(name)):
         layer = nn.Dense(5, dot_general=dot_general)
-        params = layer.init(jax.random.PRNGKey(0), a)
+        params = nn.unbox(layer.init(jax.random.PRNGKey(0), a))
         found = precisions(lambda p, layer=layer: layer.apply(p, a).sum(), params)
         assert found and set(found) == {expected}, found
     with pytest.raises(ValueError, match="matmul_precision must be one of"):
@@ -167,7 +167,7 @@ def test_dense_layer_gradients_copy_no_kernel(precision, allowed, features, axis
         features, axis=axis, use_bias=False, dot_general=matmul.dot_general(precision)
     )
     x = normal(0, *x_shape)
-    params = layer.init(jax.random.PRNGKey(0), x)
+    params = nn.unbox(layer.init(jax.random.PRNGKey(0), x))
     grad = jax.jit(jax.grad(lambda p, x: layer.apply(p, x).sum(), argnums=(0, 1)))
     hlo = grad.lower(params, x).compile().as_text()
     entry = hlo[hlo.index("ENTRY") :]
@@ -178,7 +178,7 @@ def test_dense_layer_gradients_copy_no_kernel(precision, allowed, features, axis
 def test_dense_layers_take_the_rounded_product():
     dense = nn.Dense(5, dot_general=matmul.dot_general("bfloat16"))
     x = normal(0, 6, 8)
-    params = dense.init(jax.random.PRNGKey(0), x)
+    params = nn.unbox(dense.init(jax.random.PRNGKey(0), x))
     kernel, bias = params["params"]["kernel"], params["params"]["bias"]
     close(dense.apply(params, x), rounded(x) @ rounded(kernel) + bias)
 
@@ -212,8 +212,10 @@ def test_model_at_bfloat16_matmul_precision_is_close_to_float32_and_not_equal():
     """Same parameters (the option adds none); logits, loss and gradients within
     bfloat16 rounding of the float32 model's, and the logits do differ."""
     fast = CFG.replace(matmul_precision="bfloat16")
-    params = Transformer(CFG).init(jax.random.PRNGKey(0), SRC, TGT[:, :-1])["params"]
-    fast_params = Transformer(fast).init(jax.random.PRNGKey(0), SRC, TGT[:, :-1])["params"]
+    params = nn.unbox(Transformer(CFG).init(jax.random.PRNGKey(0), SRC, TGT[:, :-1])["params"])
+    fast_params = nn.unbox(
+        Transformer(fast).init(jax.random.PRNGKey(0), SRC, TGT[:, :-1])["params"]
+    )
     jax.tree.map(np.testing.assert_array_equal, params, fast_params)
 
     logits = Transformer(CFG).apply({"params": params}, SRC, TGT[:, :-1])
@@ -237,7 +239,7 @@ def test_every_product_of_the_training_step_runs_on_bfloat16_operands():
     ``matmul.product`` lays them out so. Counted in the compiled forward and backward
     pass of the model."""
     fast = CFG.replace(matmul_precision="bfloat16")
-    params = Transformer(fast).init(jax.random.PRNGKey(0), SRC, TGT[:, :-1])["params"]
+    params = nn.unbox(Transformer(fast).init(jax.random.PRNGKey(0), SRC, TGT[:, :-1])["params"])
     model = Transformer(fast)
 
     def loss(p):

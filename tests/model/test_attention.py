@@ -1,6 +1,7 @@
 """Scaled dot-product attention and multi-head attention: properties from the paper (§3.2)."""
 
 import chex
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -57,7 +58,7 @@ class TestShapes(chex.TestCase):
     def test_multi_head_shapes(self):
         x = jnp.ones((2, 7, 16))
         mha = MultiHeadAttention(num_heads=4, qk_dim=5, v_dim=3)
-        params = mha.init(jax.random.key(0), x)
+        params = nn.unbox(mha.init(jax.random.key(0), x))
         out = self.variant(mha.apply)(params, x)
         chex.assert_shape(out, (2, 7, 16))
         p = params["params"]
@@ -162,7 +163,7 @@ def test_self_attention_without_positions_is_permutation_equivariant():
     """Attention is a set operation: permuting inputs permutes outputs (§3.5 motivation)."""
     x = jax.random.normal(jax.random.key(0), (1, 6, 16))
     mha = MultiHeadAttention(num_heads=4, qk_dim=4, v_dim=4)
-    params = mha.init(jax.random.key(1), x)
+    params = nn.unbox(mha.init(jax.random.key(1), x))
     perm = jnp.array([3, 0, 5, 1, 4, 2])
     out = mha.apply(params, x)
     out_perm = mha.apply(params, x[:, perm])
@@ -183,7 +184,7 @@ def test_is_causal_equals_the_causal_mask(impl):
 def test_causal_multi_head_attention_equals_the_causal_mask():
     x = jax.random.normal(jax.random.key(0), (2, 5, 16))
     causal = MultiHeadAttention(num_heads=4, qk_dim=4, v_dim=4, causal=True)
-    params = causal.init(jax.random.key(1), x)
+    params = nn.unbox(causal.init(jax.random.key(1), x))
     expected = MultiHeadAttention(num_heads=4, qk_dim=4, v_dim=4).apply(
         params, x, mask=causal_mask(5)
     )
@@ -197,7 +198,7 @@ def test_multi_head_is_concat_of_heads_times_w_o():
     x = jax.random.normal(jax.random.key(0), (2, 5, 16))
     y = jax.random.normal(jax.random.key(2), (2, 7, 16))
     mha = MultiHeadAttention(num_heads=4, qk_dim=3, v_dim=2)
-    params = mha.init(jax.random.key(1), x, y)["params"]
+    params = nn.unbox(mha.init(jax.random.key(1), x, y)["params"])
     w_q, w_k = params["query"]["kernel"], params["key"]["kernel"]
     w_v, w_o = params["value"]["kernel"], params["out"]["kernel"]
     chex.assert_shape((w_q, w_k, w_v, w_o), ((16, 4, 3), (16, 4, 3), (16, 4, 2), (4, 2, 16)))
@@ -213,7 +214,7 @@ def test_multi_head_is_concat_of_heads_times_w_o():
 def test_multi_head_sows_weights():
     x = jax.random.normal(jax.random.key(0), (2, 5, 16))
     mha = MultiHeadAttention(num_heads=4, qk_dim=4, v_dim=4, sow_weights=True)
-    params = mha.init(jax.random.key(1), x)
+    params = nn.unbox(mha.init(jax.random.key(1), x))
     _, state = mha.apply({"params": params["params"]}, x, mutable=["intermediates"])
     (w,) = state["intermediates"]["attention_weights"]
     chex.assert_shape(w, (2, 4, 5, 5))
@@ -223,10 +224,10 @@ def test_multi_head_sows_weights():
 def test_kv_cache_matches_full_causal_attention():
     x = jax.random.normal(jax.random.key(0), (2, 6, 16))
     full = MultiHeadAttention(num_heads=4, qk_dim=4, v_dim=4)
-    params = full.init(jax.random.key(1), x)
+    params = nn.unbox(full.init(jax.random.key(1), x))
     expected = full.apply(params, x, mask=causal_mask(6))
     cached = MultiHeadAttention(num_heads=4, qk_dim=4, v_dim=4, decode=True)
-    cache = cached.init(jax.random.key(1), x)["cache"]
+    cache = nn.unbox(cached.init(jax.random.key(1), x)["cache"])
     steps = []
     for t in range(6):
         out, state = cached.apply(

@@ -1,5 +1,6 @@
 """Token embeddings and positional encodings (§3.4, §3.5)."""
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -53,14 +54,14 @@ def test_odd_d_model_and_bad_sizes():
 
 def test_embedding_scaled_by_sqrt_d_model_and_attend_is_tied():
     emb = Embed(vocab_size=11, d_model=16)
-    params = emb.init(jax.random.key(0), jnp.array([[1, 2]]))
+    params = nn.unbox(emb.init(jax.random.key(0), jnp.array([[1, 2]])))
     table = params["params"]["embedding"]
     out = emb.apply(params, jnp.array([[3, 4]]))
     np.testing.assert_allclose(out[0], table[jnp.array([3, 4])] * 4.0, rtol=1e-6)
     x = jnp.ones((2, 16))
     np.testing.assert_allclose(emb.apply(params, x, method=Embed.attend), x @ table.T, rtol=1e-5)
     # N(0, d_model^-0.5) init: scaled embeddings have unit variance
-    big = Embed(vocab_size=4000, d_model=64).init(jax.random.key(1), jnp.array([[0]]))
+    big = nn.unbox(Embed(vocab_size=4000, d_model=64).init(jax.random.key(1), jnp.array([[0]])))
     assert abs(float((big["params"]["embedding"] * 8.0).std()) - 1.0) < 0.05
 
 
@@ -85,7 +86,7 @@ def test_tied_logits_gradients_equal_the_plain_product(kernel_set):
 def test_add_positions(kind):
     layer = AddPositions(max_len=10, kind=kind)
     x = jnp.zeros((2, 4, 8))
-    variables = layer.init(jax.random.key(0), x)
+    variables = nn.unbox(layer.init(jax.random.key(0), x))
     out = layer.apply(variables, x)
     table = (
         sinusoidal_positions(10, 8) if kind == "sinusoidal" else variables["params"]["positions"]
@@ -101,7 +102,7 @@ def test_add_positions(kind):
 
 def test_add_positions_decode_advances_one_step_per_call():
     layer = AddPositions(max_len=10, decode=True)
-    cache = layer.init(jax.random.key(0), jnp.zeros((1, 10, 8)))["cache"]
+    cache = nn.unbox(layer.init(jax.random.key(0), jnp.zeros((1, 10, 8)))["cache"])
     table = sinusoidal_positions(10, 8)
     for t in range(3):
         out, state = layer.apply({"cache": cache}, jnp.zeros((1, 1, 8)), mutable=["cache"])

@@ -30,7 +30,7 @@ ATTENTIONS = 3  # encoder self, decoder self and cross
 
 
 def init(model):
-    return jax.jit(model.init)(jax.random.key(0), SRC, TGT)["params"]
+    return nn.unbox(jax.jit(model.init)(jax.random.key(0), SRC, TGT)["params"])
 
 
 def as_paper(params):

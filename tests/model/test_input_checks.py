@@ -5,6 +5,7 @@ split."""
 
 import functools
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -25,7 +26,7 @@ TGT = jnp.array([[2, 4, 5, 3]], jnp.int32)
 
 @pytest.fixture(scope="module")
 def params():
-    return tj.Transformer(CFG).init(jax.random.key(0), SRC, TGT)["params"]
+    return nn.unbox(tj.Transformer(CFG).init(jax.random.key(0), SRC, TGT)["params"])
 
 
 def test_ids_outside_the_vocabulary_are_refused_eagerly(params):

@@ -57,7 +57,7 @@ def as_numpy(tree):
 def test_feed_forward_is_equation_2(tiny_config):
     x = jax.random.normal(jax.random.key(1), (2, 5, tiny_config.d_model))
     module = FeedForward(tiny_config)
-    params = random_like(module.init(jax.random.key(0), x)["params"])
+    params = nn.unbox(random_like(module.init(jax.random.key(0), x)["params"]))
     got = jax.jit(module.apply)({"params": params}, x)
     np.testing.assert_allclose(got, ffn(np.asarray(x, np.float64), as_numpy(params)), atol=1e-5)
 
@@ -70,7 +70,7 @@ def test_encoder_layer_by_hand(tiny_config, norm):
     tokens = jnp.array([[5, 6, 7, 8, 3], [5, 6, 3, 0, 0]])
     mask = padding_mask(tokens)
     layer = EncoderLayer(cfg)
-    params = random_like(layer.init(jax.random.key(0), x, mask)["params"], seed=2)
+    params = nn.unbox(random_like(layer.init(jax.random.key(0), x, mask)["params"], seed=2))
     got = jax.jit(layer.apply)({"params": params}, x, mask)
 
     p, h, keep = as_numpy(params), np.asarray(x, np.float64), np.asarray(mask)
@@ -97,7 +97,7 @@ def training_pass(tiny_batch):
     cfg = TINY_CONFIG.replace(dropout_rate=0.3, attention_dropout_rate=0.2)
     src, tgt = tiny_batch["src"], tiny_batch["tgt_in"]
     model = Transformer(cfg)
-    params = model.init(jax.random.key(0), src, tgt)["params"]
+    params = nn.unbox(model.init(jax.random.key(0), src, tgt)["params"])
     names = {"Dropout", "SubLayer", "AddPositions", "MultiHeadAttention", "FeedForward"}
     names |= {"EncoderLayer", "DecoderLayer"}
     calls = []
@@ -172,7 +172,7 @@ def test_attention_dropout_when_the_config_has_it(training_pass):
 
     x = jax.random.normal(jax.random.key(0), (2, 5, 16))
     attention = MultiHeadAttention(num_heads=2, qk_dim=8, v_dim=8, dropout_rate=0.3)
-    variables = attention.init(jax.random.key(1), x)
+    variables = nn.unbox(attention.init(jax.random.key(1), x))
     train = lambda seed: attention.apply(  # noqa: E731
         variables, x, deterministic=False, rngs={"dropout": jax.random.key(seed)}
     )
@@ -193,8 +193,8 @@ def test_word_dropout_zeroes_whole_token_embeddings_when_the_config_has_it():
     cfg = TINY_CONFIG.replace(dropout_rate=0.0, word_dropout_rate=0.5)
     tokens = jax.random.randint(jax.random.key(2), (8, 12), 3, cfg.vocab_size)
     model, plain = Transformer(cfg), Transformer(TINY_CONFIG.replace(dropout_rate=0.0))
-    params = model.init(jax.random.key(0), tokens, tokens)["params"]
-    plain_params = plain.init(jax.random.key(0), tokens, tokens)["params"]
+    params = nn.unbox(model.init(jax.random.key(0), tokens, tokens)["params"])
+    plain_params = nn.unbox(plain.init(jax.random.key(0), tokens, tokens)["params"])
     assert jax.tree.structure(params) == jax.tree.structure(plain_params)
     calls = []
 

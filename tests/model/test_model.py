@@ -1,6 +1,7 @@
 """The encoder-decoder Transformer: shapes, masks, parameter counts, norms, configuration."""
 
 import chex
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -21,7 +22,7 @@ def tokens(shape, seed, low=4, high=40):
 
 
 def init(cfg, src, tgt, seed=0):
-    return jax.jit(Transformer(cfg).init)(jax.random.key(seed), src, tgt)["params"]
+    return nn.unbox(jax.jit(Transformer(cfg).init)(jax.random.key(seed), src, tgt)["params"])
 
 
 def applier(cfg):
@@ -110,7 +111,7 @@ def test_encoder_layer_is_permutation_equivariant():
     """Without positional encodings self-attention cannot tell token order (§3.5)."""
     x = jax.random.normal(jax.random.key(0), (1, 6, 32))
     layer = EncoderLayer(TINY)
-    params = layer.init(jax.random.key(1), x, None)
+    params = nn.unbox(layer.init(jax.random.key(1), x, None))
     perm = jnp.array([2, 5, 0, 4, 1, 3])
     np.testing.assert_allclose(
         layer.apply(params, x[:, perm], None), layer.apply(params, x, None)[:, perm], atol=1e-5
@@ -123,7 +124,7 @@ def test_cached_decoding_equals_full_decoding():
     params = init(TINY, src, tgt)
     full = applier(TINY)({"params": params}, src, tgt)
     dm = Transformer(TINY.replace(decode=True))
-    cache = dm.init(jax.random.key(0), src, jnp.zeros((2, 9), jnp.int32))["cache"]
+    cache = nn.unbox(dm.init(jax.random.key(0), src, jnp.zeros((2, 9), jnp.int32))["cache"])
     enc = dm.apply({"params": params}, src, method="encode")
     steps = []
     for t in range(5):
@@ -182,10 +183,10 @@ def test_shared_embedding_is_one_matrix():
 def test_encoder_only_and_decoder_only_stacks():
     src = tokens((2, 6), 0)
     enc = Encoder(TINY)
-    out = enc.apply(enc.init(jax.random.key(0), src), src)
+    out = nn.unbox(enc.apply(enc.init(jax.random.key(0), src), src))
     assert out.shape == (2, 6, 32)
     lm = Decoder(TINY)
-    variables = lm.init(jax.random.key(0), src)
+    variables = nn.unbox(lm.init(jax.random.key(0), src))
     assert "cross_attention" not in variables["params"]["layer_0"]
     assert lm.apply(variables, src).shape == (2, 6, 40)
 
@@ -211,7 +212,7 @@ def test_both_norms_learn_a_copy_task(norm):
     model = Transformer(cfg)
     bos = 1
     src0 = tokens((64, 6), 0, low=2, high=12)
-    params = model.init(jax.random.key(0), src0, src0)["params"]
+    params = nn.unbox(model.init(jax.random.key(0), src0, src0)["params"])
     opt = optax.adam(3e-3)
     opt_state = opt.init(params)
 

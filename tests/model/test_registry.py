@@ -34,7 +34,7 @@ TGT = jnp.array([[2, 4, 7, 9, 5, 3], [2, 10, 4, 4, 0, 0]], jnp.int32)
 
 
 def init(model):
-    return jax.jit(model.init)(jax.random.key(0), SRC, TGT)["params"]
+    return nn.unbox(jax.jit(model.init)(jax.random.key(0), SRC, TGT)["params"])
 
 
 def shapes(params):

@@ -1,6 +1,7 @@
 """``remat``: each layer recomputed in the backward pass ('full' or a checkpoint policy), with
 the gradients of the model without it (dropout on, unrolled and scanned layers, a variant)."""
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -31,7 +32,7 @@ def gradient(model, params):
 def test_remat_keeps_the_gradients(scan, remat):
     config = TINY_CONFIG.replace(num_encoder_layers=1, num_decoder_layers=1, scan_layers=scan)
     model = tj.Transformer(config, score_fn=variants.rope)
-    params = model.init(jax.random.key(0), SRC, TGT)["params"]
+    params = nn.unbox(model.init(jax.random.key(0), SRC, TGT)["params"])
     reference, program = gradient(model, params)
     assert "remat" not in program
     grads, program = gradient(model.clone(config=model.config.replace(remat=remat)), params)

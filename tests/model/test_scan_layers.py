@@ -5,6 +5,7 @@ layout (``layers``, a leading layer axis) and checks that the scanned model comp
 same function: logits, gradients, cached greedy and beam decoding, attention maps.
 """
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -39,11 +40,11 @@ def stacked(params):
 
 @pytest.fixture(scope="module")
 def params():
-    return jax.jit(Transformer(CFG).init)(jax.random.key(0), SRC, TGT)["params"]
+    return nn.unbox(jax.jit(Transformer(CFG).init)(jax.random.key(0), SRC, TGT)["params"])
 
 
 def test_parameters_are_stacked_per_stack(params):
-    scanned = jax.jit(Transformer(SCANNED).init)(jax.random.key(0), SRC, TGT)["params"]
+    scanned = nn.unbox(jax.jit(Transformer(SCANNED).init)(jax.random.key(0), SRC, TGT)["params"])
     shapes = lambda tree: jax.tree.map(jnp.shape, tree)  # noqa: E731
     assert shapes(scanned) == shapes(stacked(params))
     kernel = scanned["decoder"]["layers"]["ffn"]["w1"]["kernel"]
@@ -114,7 +115,7 @@ def test_cached_decoding_equals_the_unrolled_model(params):
 def test_ensemble_of_a_scanned_and_an_unrolled_model(params):
     """Each member's cache is reordered along its own batch axis ([layers, rows, ...] when
     scanned): the ensemble equals the one of the two unrolled models."""
-    other = jax.jit(Transformer(CFG).init)(jax.random.key(1), SRC, TGT)["params"]
+    other = nn.unbox(jax.jit(Transformer(CFG).init)(jax.random.key(1), SRC, TGT)["params"])
     mixed = beam_search([SCANNED, CFG], [stacked(params), other], SRC, beam_size=3, max_len=8)
     unrolled = beam_search(CFG, [params, other], SRC, beam_size=3, max_len=8)
     np.testing.assert_array_equal(mixed, unrolled)

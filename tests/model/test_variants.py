@@ -9,6 +9,7 @@ a model whose config adds the paper's (no ``positional='none'`` by hand)."""
 import dataclasses
 import functools
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -42,7 +43,7 @@ ATOL = 1e-5  # cached against full pass, float32
 
 
 def init(model, src=SRC, tgt=TGT):
-    return jax.jit(model.init)(jax.random.key(0), src, tgt)["params"]
+    return nn.unbox(jax.jit(model.init)(jax.random.key(0), src, tgt)["params"])
 
 
 def shapes(params):
@@ -99,7 +100,7 @@ def test_relative_scores_see_distances_between_absolute_positions(score_fn):
     permute it (the model is no longer permutation-equivariant)."""
     encoder = tj.Encoder(CFG, score_fn=score_fn)
     x = SRC[:1]
-    params = encoder.init(jax.random.key(0), x)["params"]
+    params = nn.unbox(encoder.init(jax.random.key(0), x)["params"])
     out = encoder.apply({"params": params}, x)
     shifted = encoder.apply({"params": params}, x, positions=jnp.arange(5)[None] + 7)
     np.testing.assert_allclose(shifted, out, atol=1e-5)
@@ -112,7 +113,7 @@ def test_packed_row_equals_separate_rows_with_rope():
     """Positions restart and segments separate the sequences packed in one row."""
     decoder = tj.Decoder(CFG, score_fn=variants.rope)
     a, b = jnp.array([[2, 4, 7, 9]]), jnp.array([[2, 5, 6]])
-    params = decoder.init(jax.random.key(0), a)["params"]
+    params = nn.unbox(decoder.init(jax.random.key(0), a)["params"])
     packed = decoder.apply(
         {"params": params},
         jnp.concatenate([a, b], 1),
@@ -182,7 +183,7 @@ def test_inputs_embeds_equal_the_ids_path():
     )
     np.testing.assert_allclose(from_embeds, logits, atol=1e-6)
     decoder = tj.Decoder(CFG)
-    dparams = decoder.init(jax.random.key(0), TGT[:1])["params"]
+    dparams = nn.unbox(decoder.init(jax.random.key(0), TGT[:1])["params"])
     ids = decoder.apply({"params": dparams}, TGT[:1])
     rows = dparams["embed"]["embedding"][TGT[:1]] * CFG.d_model**0.5
     np.testing.assert_allclose(decoder.apply({"params": dparams}, None, inputs_embeds=rows), ids,

@@ -2,6 +2,7 @@
 
 import os
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -23,7 +24,7 @@ def test_average_checkpoints_saves_the_mean_of_the_last_ones(tmp_path):
     model, src = Transformer(from_config_dict(config.model)), jnp.ones((1, 4), jnp.int32)
     saved = {}
     for step in (1, 2, 3):
-        saved[step] = jax.device_get(model.init(jax.random.key(step), src, src)["params"])
+        saved[step] = nn.unbox(jax.device_get(model.init(jax.random.key(step), src, src)["params"]))
         save_params(os.path.join(workdir, CHECKPOINT_DIR), saved[step], step)
     assert average_checkpoints(workdir, 2) == ([2, 3], os.path.join(workdir, "averaged"))
     _, averaged, step = load_run(workdir, "averaged")

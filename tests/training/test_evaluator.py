@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 
+import flax.linen as nn
 import jax
 import numpy as np
 import pytest
@@ -34,12 +35,12 @@ LINES = [" ".join(SENTENCES[i % 6].split()[: 1 + i % 2]) for i in range(23)] + [
 SCRIPT = textwrap.dedent(
     """
     import json, sys
-    import jax
+    import flax.linen, jax
     from transformer_jax.data.tokenizer import load_tokenizer
     from transformer_jax.inference import translation
     from transformer_jax.model.config import TransformerConfig
     from transformer_jax.model.transformer import Transformer
-    from transformer_jax.training import parallel
+    from transformer_jax.training.mesh import make_parallel
 
     assert jax.device_count() == 4
     tokenizer = load_tokenizer(sys.argv[1])
@@ -49,6 +50,7 @@ SCRIPT = textwrap.dedent(
     model = Transformer(config)
     src = jax.numpy.ones((1, 4), jax.numpy.int32)
     params = jax.device_get(jax.jit(model.init)(jax.random.PRNGKey(0), src, src)["params"])
+    params = flax.linen.unbox(params)
 
     used = set()
     decode_batch = translation.decode_batch
@@ -67,7 +69,7 @@ SCRIPT = textwrap.dedent(
     out["all_devices"] = len(used)
     used.clear()
     for kind in ("pmap", "shard_map"):
-        dp = parallel.DataParallel(kind, model, 0.1)
+        dp = make_parallel(kind, model, 0.1)
         copies = dp.local_copies(dp.replicate(params))
         out[kind] = translation.translate_on_devices(config, copies, tokenizer, lines, **options)
         out[kind + "_devices"] = len(used)
@@ -89,7 +91,7 @@ def tiny(vocab_size):
     src = jax.numpy.ones((1, 4), jax.numpy.int32)
     init = jax.jit(Transformer(config).init)
     params = jax.device_get(init(jax.random.PRNGKey(0), src, src)["params"])
-    return config, params
+    return config, nn.unbox(params)
 
 
 @pytest.mark.slow

@@ -4,10 +4,12 @@ simulated CPU devices in a subprocess), checkpoints that resume, and train.py on
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import pytest
@@ -19,9 +21,10 @@ from transformer_jax.model import variants
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.partitioning import logical_specs
 from transformer_jax.model.transformer import Transformer
+from transformer_jax.training.config import PARALLEL_KINDS, parse_rules
 from transformer_jax.training.logs import read_metrics
-from transformer_jax.training.mesh import mesh_shape
-from transformer_jax.training.parallel import DataParallel
+from transformer_jax.training.mesh import RULES, make_parallel, mesh_shape
+from transformer_jax.training.parallel import Parallel
 from transformer_jax.training.schema import default_config
 from transformer_jax.training.validation import validate_config
 
@@ -31,12 +34,13 @@ LOSS_TOLERANCE = 1e-5  # float32 sums in another order: mesh vs pmap per-token l
 SCRIPT = SETUP + textwrap.dedent(
     """
     from transformer_jax.training import checkpoints
+    from transformer_jax.training.config import DEFAULT_RULES, parse_rules
     from transformer_jax.training.mesh import MeshParallel
 
     start = initial()
 
-    pmap = parallel.DataParallel("pmap", model, 0.1)
-    mesh = MeshParallel(model, 0.1, model_size=2)
+    pmap = make_parallel("pmap", model, 0.1)
+    mesh = make_parallel("mesh", model, 0.1, mesh_model=2)
     _, out_pmap = train(pmap, pmap.replicate(start), batches)
     state, out_mesh = train(mesh, mesh.replicate(start), batches)
     _, out_accum = train(mesh, mesh.replicate(start), batches, accum=True)
@@ -68,6 +72,38 @@ SCRIPT = SETUP + textwrap.dedent(
     scan_start = jax.device_get(steps.create_train_state(scan_params, start.tx, start.rng))
     scan_mesh = MeshParallel(Transformer(config.replace(scan_layers=True)), 0.1, model_size=2)
     scan_state, out_scan = train(scan_mesh, scan_mesh.replicate(scan_start), batches)
+
+    # every leaf's sharding is Flax's logical_to_mesh_sharding of the boxed abstract state
+    def boxed_state(module, tx):
+        tokens = np.zeros((1, 8), np.int32)
+        boxed = module.init(jax.random.key(0), tokens, tokens)["params"]
+        return steps.create_train_state(boxed, tx, jax.random.PRNGKey(1))
+    def flax_specs(module, tx, rules):
+        abstract = jax.eval_shape(lambda: boxed_state(module, tx))
+        named = nn.logical_to_mesh_sharding(nn.get_partition_spec(abstract), mesh.mesh, rules)
+        return [trimmed(s.spec) for s in jax.tree.leaves(named)]
+    def trimmed(spec):  # P('data', None) and P('data') place alike
+        spec = list(spec)
+        while spec and spec[-1] is None:
+            spec.pop()
+        return spec
+    placed_specs = lambda tree: [trimmed(x.sharding.spec) for x in jax.tree.leaves(tree)]
+    adamw = initial(0.5)
+    adamw_state, _ = train(mesh, mesh.replicate(adamw), batches[:1])
+    no_embed = ",".join(f"{k}={v}" for k, v in parse_rules(DEFAULT_RULES) if k != "embed")
+    model_only = make_parallel("mesh", model, 0.1, mesh_model=2, logical_axis_rules=no_embed)
+    model_state, out_model_only = train(model_only, model_only.replicate(start), batches)
+    moments = state.opt_state[0]
+    out_specs = {
+        "state": placed_specs(state) == flax_specs(model, start.tx, mesh.rules),
+        "adamw": placed_specs(adamw_state) == flax_specs(model, adamw.tx, mesh.rules),
+        "scan": placed_specs(scan_state) == flax_specs(scan_mesh.step_options["model"],
+                                                       start.tx, mesh.rules),
+        "rules": placed_specs(model_state) == flax_specs(model, start.tx, model_only.rules),
+        "moments": [placed_specs(moments.mu), placed_specs(moments.nu)],
+        "params": placed_specs(state.params),
+        "model_only": shards(model_state.params),
+    }
     out = {
         "pmap": out_pmap, "mesh": out_mesh, "accum": out_accum,
         "eval": float(ev["loss"] / ev["tokens"]),
@@ -75,6 +111,7 @@ SCRIPT = SETUP + textwrap.dedent(
         "device_bytes": device(placed), "whole_bytes": whole(placed),
         "resumed": resumed, "resumed_pmap": resumed_pmap, "data": data,
         "step": int(restored.step), "scan_losses": out_scan, "scan": shards(scan_state.params),
+        "model_only_losses": out_model_only, "specs": out_specs,
     }
     print("RESULT" + json.dumps(out))
     """
@@ -106,12 +143,12 @@ def _names(config, **pieces):
     tokens = jnp.ones((1, 8), jnp.int32)
     model = Transformer(config, **pieces)
     specs = logical_specs(lambda: model.init(jax.random.key(0), tokens, tokens)["params"])
-    params = model.init(jax.random.key(0), tokens, tokens)["params"]
+    params = nn.unbox(model.init(jax.random.key(0), tokens, tokens)["params"])
     is_spec = lambda x: isinstance(x, jax.sharding.PartitionSpec)  # noqa: E731
     named = jax.tree_util.tree_leaves_with_path(specs, is_leaf=is_spec)
     plain = jax.tree_util.tree_leaves_with_path(params)
     assert [p for p, _ in named] == [p for p, _ in plain]  # the same tree: checkpoints keep it
-    assert all(type(x) is type(jnp.zeros(1)) for _, x in plain)  # init: plain arrays
+    assert all(type(x) is type(jnp.zeros(1)) for _, x in plain)  # unboxed: plain arrays
     pairs = zip(named, plain, strict=True)
     return {jax.tree_util.keystr(p): (tuple(s), x.shape) for (p, s), (_, x) in pairs}
 
@@ -167,9 +204,33 @@ def test_mesh_model_must_divide_the_devices():
         validate_config(config)
 
 
-def test_data_parallel_leaves_mesh_to_mesh_parallel():
-    with pytest.raises(ValueError, match="MeshParallel"):
-        DataParallel("mesh", Transformer(CONFIG), 0.1)
+def test_make_parallel_gives_one_class_per_strategy():
+    model = Transformer(CONFIG)
+    for kind in PARALLEL_KINDS:
+        dp = make_parallel(kind, model, 0.1, devices=jax.devices()[:1])
+        assert isinstance(dp, Parallel) and dp.kind == kind
+
+
+def test_logical_axis_rules_are_checked_in_one_line():
+    assert parse_rules(" embed=data, heads=model,") == (("embed", "data"), ("heads", "model"))
+    assert parse_rules("") == ()
+    config = default_config()
+    assert parse_rules(config.train.logical_axis_rules) == RULES
+    for bad in ("embed=fsdp", "embed", "embed=data,embed=model"):
+        config.train.logical_axis_rules = bad
+        with pytest.raises(ValueError, match="train.logical_axis_rules must be comma-separated"):
+            validate_config(config)
+
+
+def test_no_context_variable_and_no_private_attributes_read_across_objects():
+    partitioning = (ROOT / "transformer_jax" / "model" / "partitioning.py").read_text()
+    assert "ContextVar" not in partitioning and "_BOXED" not in partitioning
+    private = re.compile(r"\b(?!self\b|cls\b)[a-z]\w*\._[a-z]\w*")  # obj._name, not self._
+    for path in sorted((ROOT / "transformer_jax" / "aot").glob("*.py")):
+        found = [m for m in private.findall(path.read_text()) if not m.startswith("jax._src")]
+        assert not found, (path.name, found)
+    for name in ("tests/kernels/test_gpu_lowering.py", "benchmarks/_gpu_check_row.py"):
+        assert not re.search(r"\.(_train|_accumulate|_apply|_eval)\b", (ROOT / name).read_text())
 
 
 @pytest.mark.slow  # a 4-device subprocess compiling pmap and mesh steps
@@ -196,8 +257,26 @@ def test_parameters_and_adam_state_are_sharded(results):
     assert params["['decoder']['layer_0']['ffn']['w1']['bias']"] == [[64], [32]]  # mlp
     assert params["['encoder']['layer_0']['ffn_block']['norm']['scale']"] == [[32], [16]]
     assert results["device_bytes"] * 3 < results["whole_bytes"]  # ~1/4 held by each device
+    assert results["specs"]["moments"] == [results["specs"]["params"]] * 2
     scanned = results["scan"]["['encoder']['layers']['self_attention']['out']['kernel']"]
     assert scanned == [[1, 4, 8, 32], [1, 2, 8, 16]]  # layers x heads x kv x embed
+
+
+@pytest.mark.slow
+def test_every_leaf_of_the_mesh_state_is_placed_by_flax_logical_partitioning(results):
+    for name in ("state", "adamw", "scan", "rules"):  # Adam, AdamW, scan_layers, other rules
+        assert results["specs"][name], name
+
+
+@pytest.mark.slow
+def test_logical_axis_rules_change_the_placement(results):
+    """Without 'embed=data' the parameters are whole over 'data': split only over 'model'."""
+    query = "['encoder']['layer_0']['self_attention']['query']['kernel']"
+    whole, shard = results["specs"]["model_only"][query]
+    assert shard == [whole[0], whole[1] // 2, whole[2]], (whole, shard)  # embed x heads x kv
+    norm = results["specs"]["model_only"]["['encoder']['layer_0']['ffn_block']['norm']['scale']"]
+    assert norm[0] == norm[1]  # embed only: whole
+    assert results["model_only_losses"] == pytest.approx(results["pmap"], abs=LOSS_TOLERANCE)
 
 
 @pytest.mark.slow

@@ -4,6 +4,7 @@ trees (:mod:`transformer_jax.training.upgrade`); what is saved now keeps today's
 
 import json
 
+import flax.linen as nn
 import jax
 import numpy as np
 
@@ -27,7 +28,9 @@ CFG = TransformerConfig(num_decoder_layers=1, max_len=32, **SIZES)
 
 def params_of(config=CFG):
     tokens = np.zeros((1, 4), np.int32)
-    return jax.device_get(Transformer(config).init(jax.random.key(0), tokens, tokens)["params"])
+    return nn.unbox(
+        jax.device_get(Transformer(config).init(jax.random.key(0), tokens, tokens)["params"])
+    )
 
 
 def as_before(tree, norm="LayerNorm_0", parent=None):

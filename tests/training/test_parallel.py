@@ -14,17 +14,19 @@ from conftest import ROOT
 
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.transformer import Transformer
-from transformer_jax.training.parallel import DataParallel, shard_batch
+from transformer_jax.training.mesh import make_parallel
+from transformer_jax.training.parallel import shard_batch
 
 # 4 simulated devices: a micro model, three batches of 10 rows, its initial train state and
 # train(dp, state, batches, accum) -> (state, per-token losses)
 SETUP = textwrap.dedent(
     """
     import json, sys
-    import jax, numpy as np
+    import flax.linen as nn, jax, numpy as np
     from transformer_jax.model.config import TransformerConfig
     from transformer_jax.model.transformer import Transformer
     from transformer_jax.training import optimizer, parallel, steps
+    from transformer_jax.training.mesh import make_parallel
 
     assert jax.device_count() == 4
     config = TransformerConfig(vocab_size=40, d_model=32, num_heads=4, d_ff=64,
@@ -42,6 +44,7 @@ SETUP = textwrap.dedent(
 
     batches = [batch() for _ in range(3)]
     params = model.init(jax.random.PRNGKey(0), batches[0]["src"], batches[0]["tgt_in"])["params"]
+    params = nn.unbox(params)
     schedule = optimizer.transformer_schedule(32, 3)
 
     def initial(weight_decay=0.0):
@@ -66,7 +69,7 @@ SETUP = textwrap.dedent(
 SCRIPT = SETUP + textwrap.dedent(
     """
     def run(kind, n, accum=False, evaluate=False, weight_decay=0.0):
-        dp = parallel.DataParallel(kind, model, 0.1, devices=jax.devices()[:n])
+        dp = make_parallel(kind, model, 0.1, devices=jax.devices()[:n])
         state, losses = train(dp, dp.replicate(initial(weight_decay)), batches, accum)
         if evaluate:
             ev = dp.eval_step(state.params, batches[0])
@@ -132,7 +135,7 @@ def test_unknown_parallel_kind():
     with pytest.raises(
         ValueError, match=r"train.parallel must be one of \('pmap', 'shard_map', 'mesh'\)"
     ):
-        DataParallel("tpu_magic", model, 0.1)
+        make_parallel("tpu_magic", model, 0.1)
 
 
 def test_shard_batch_pads_with_empty_rows():

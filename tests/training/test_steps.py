@@ -3,6 +3,7 @@ from the state (donation-safe, reproducible), accumulation, a decoder-only model
 
 import functools
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -56,7 +57,9 @@ def test_make_batch_shifts_and_pads():
 def setup():
     batch = make_batch(SRC, TGT, length=6)
     model = Transformer(CFG)
-    params = jax.jit(model.init)(jax.random.key(0), batch["src"], batch["tgt_in"])["params"]
+    params = nn.unbox(
+        jax.jit(model.init)(jax.random.key(0), batch["src"], batch["tgt_in"])["params"]
+    )
     tx = transformer_optimizer(transformer_schedule(CFG.d_model, 10))
     return model, batch, create_train_state(params, tx, jax.random.PRNGKey(7))
 
@@ -111,7 +114,7 @@ def test_decoder_only_model_learns_a_sequence():
     cfg = CFG.replace(dropout_rate=0.0)
     model = Decoder(cfg)
     batch = make_batch(None, [[4, 5, 6, 7, 8, 9]] * 2)
-    params = jax.jit(model.init)(jax.random.key(1), batch["tgt_in"])["params"]
+    params = nn.unbox(jax.jit(model.init)(jax.random.key(1), batch["tgt_in"])["params"])
     tx = transformer_optimizer(transformer_schedule(cfg.d_model, 5))
     state = create_train_state(params, tx, jax.random.PRNGKey(0))
     step = jax.jit(functools.partial(train_step, model=model, label_smoothing=0.0))

@@ -194,10 +194,10 @@ def make_plan(
 
     def compile_rows(r: int) -> Compiled:
         log(f"compiling the {kind} train step: {r} x {length} tokens per device on {n} {gpu.name}")
-        return train_program(model, config, devices, r * n, length, kind)
+        return train_program(model, config, devices, r * n, length)
 
     first = compile_rows(rows)
-    state = device_state(model, config, devices, kind)
+    state = device_state(model, config, devices)
     train = _train_entry(first, rows, length, state, gpu)
     train |= {"usable_bytes": usable, "fits": fits(first, usable)}
     plan = {

@@ -1,9 +1,10 @@
 """The run's programs compiled for GPUs that are not there (deviceless ahead-of-time).
 
 ``jax.experimental.topologies`` with a GPU's target config (:mod:`.gpus`) gives
-compile-only devices; the training step of ``training.parallel.DataParallel`` or
-``training.mesh.MeshParallel`` (the program ``train.py`` runs: ``pmap``, ``shard_map`` or
-the sharded ``mesh`` over the devices, the run's batch shapes) and
+compile-only devices; the training step of ``train.parallel``'s strategy
+(``training.mesh.make_parallel``'s :class:`~transformer_jax.training.parallel.Parallel`:
+its ``step_program``, the program ``train.py`` runs over the devices for the run's batch
+shapes) and
 the beam search of ``translate`` / ``evaluate`` compile for them from abstract arguments.
 Nothing is executed and no parameter is made. This needs the CUDA plugin of the installed
 jax (``pip install -e '.[gpu-aot]'``); run it with ``JAX_PLATFORMS=cpu``.
@@ -23,18 +24,16 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from jax.experimental import topologies
-from jax.sharding import NamedSharding, SingleDeviceSharding
-from jax.sharding import PartitionSpec as P
+from jax.sharding import SingleDeviceSharding
 
 from transformer_jax.aot.gpus import Gpu, target_config
 from transformer_jax.aot.xla_log import captured_stderr, read_xla_log
 from transformer_jax.inference.decoding import beam_search
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.transformer import Transformer
-from transformer_jax.training.mesh import MeshParallel
-from transformer_jax.training.parallel import AXIS, DataParallel
+from transformer_jax.training.mesh import make_parallel
+from transformer_jax.training.parallel import Parallel, spec
 from transformer_jax.training.run import new_state
-from transformer_jax.training.steps import zero_accumulator
 
 PLUGIN = "jax_plugins.xla_cuda12"
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
@@ -165,8 +164,19 @@ def abstract_state(model: TransformerConfig, config: ml_collections.ConfigDict) 
     return jax.eval_shape(lambda: new_state(model, config))
 
 
-def _spec(shape: tuple[int, ...], dtype: Any, sharding: Any = None) -> jax.ShapeDtypeStruct:
-    return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+def parallel_on(
+    model: TransformerConfig, config: ml_collections.ConfigDict, devices: list[Any]
+) -> Parallel:
+    """``train.parallel``'s strategy on ``devices``, as ``train.py`` makes it."""
+    return make_parallel(
+        config.train.parallel,
+        Transformer(model),
+        config.train.label_smoothing,
+        label_smoothing_convention=config.train.label_smoothing_convention,
+        mesh_model=config.train.mesh_model,
+        logical_axis_rules=config.train.logical_axis_rules,
+        devices=devices,
+    )
 
 
 def train_program(
@@ -175,78 +185,22 @@ def train_program(
     devices: list[Any],
     rows: int,
     length: int,
-    kind: str,
 ) -> Compiled:
     """The step ``train.py`` runs on ``devices`` for a global batch of ``rows`` x ``length``
     (``rows`` a multiple of the device count): ``train_step``, or with
     ``train.grad_accum_steps > 1`` one micro-batch's ``accumulate``."""
-    if kind == "mesh":
-        return _mesh_train_program(model, config, devices, rows, length)
-    n = len(devices)
-    dp = DataParallel(
-        kind,
-        Transformer(model),
-        config.train.label_smoothing,
-        devices=devices,
-        label_smoothing_convention=config.train.label_smoothing_convention,
-    )
+    dp = parallel_on(model, config, devices)
     state = abstract_state(model, config)
-    buffers = jax.eval_shape(zero_accumulator, state.params)  # one device's; stacked below
-    keys = ("src", "tgt_in", "tgt_out")
-    if kind == "pmap":
-        with_sharding = lambda x: _spec(x.shape, x.dtype)  # noqa: E731
-        state = jax.tree.map(lambda x: _spec((n, *x.shape), x.dtype), state)
-        batch = {k: _spec((n, rows // n, length), jnp.int32) for k in keys}
-    else:
-        replicated, split = NamedSharding(dp.mesh, P()), NamedSharding(dp.mesh, P(AXIS))
-        with_sharding = lambda x: _spec(x.shape, x.dtype, split)  # noqa: E731
-        state = jax.tree.map(lambda x: _spec(x.shape, x.dtype, replicated), state)
-        batch = {k: _spec((rows, length), jnp.int32, split) for k in keys}
-    if config.train.grad_accum_steps > 1:
-        buffers = jax.tree.map(lambda x: with_sharding(_spec((n, *x.shape), x.dtype)), buffers)
-        return compile_program(dp._accumulate, buffers, state, batch, np.int32(0))
-    return compile_program(dp._train, state, batch)
+    program = dp.step_program(state, rows, length, config.train.grad_accum_steps)
+    return compile_program(program.fn, *program.args)
 
 
 def device_state(
-    model: TransformerConfig, config: ml_collections.ConfigDict, devices: list[Any], kind: str
+    model: TransformerConfig, config: ml_collections.ConfigDict, devices: list[Any]
 ) -> Any:
-    """:func:`abstract_state` with the shardings ``train.parallel='mesh'`` gives it on
-    ``devices`` (whole arrays for ``pmap`` / ``shard_map``, which copy the state)."""
-    state = abstract_state(model, config)
-    return state if kind != "mesh" else _placed(_mesh(model, config, devices), state)
-
-
-def _mesh(model: TransformerConfig, config: ml_collections.ConfigDict, devices: list) -> Any:
-    return MeshParallel(
-        Transformer(model),
-        config.train.label_smoothing,
-        devices=devices,
-        label_smoothing_convention=config.train.label_smoothing_convention,
-        model_size=config.train.mesh_model,
-    )
-
-
-def _placed(dp: MeshParallel, tree: Any) -> Any:
-    return jax.tree.map(lambda x, s: _spec(x.shape, x.dtype, s), tree, dp.shardings(tree))
-
-
-def _mesh_train_program(
-    model: TransformerConfig,
-    config: ml_collections.ConfigDict,
-    devices: list[Any],
-    rows: int,
-    length: int,
-) -> Compiled:
-    """:func:`train_program` for ``train.parallel='mesh'`` (``training.mesh``)."""
-    dp = _mesh(model, config, devices)
-    state = _placed(dp, abstract_state(model, config))
-    split = NamedSharding(dp.mesh, P("data"))
-    batch = {k: _spec((rows, length), jnp.int32, split) for k in ("src", "tgt_in", "tgt_out")}
-    if config.train.grad_accum_steps > 1:
-        buffers = _placed(dp, jax.eval_shape(zero_accumulator, state.params))
-        return compile_program(dp._accumulate, buffers, state, batch, np.int32(0))
-    return compile_program(dp._train, state, batch)
+    """:func:`abstract_state` placed as ``train.parallel``'s strategy places it on
+    ``devices`` (each device's share: the whole state for pmap / shard_map, which copy it)."""
+    return parallel_on(model, config, devices).state_specs(abstract_state(model, config))
 
 
 def decode_program(
@@ -260,8 +214,8 @@ def decode_program(
     extra length) on one device, for ``batch`` sources of ``src_len`` tokens."""
     sharding = SingleDeviceSharding(device)
     params = abstract_state(model, config).params
-    params = jax.tree.map(lambda x: _spec(x.shape, x.dtype, sharding), params)
-    src = _spec((batch, src_len), jnp.int32, sharding)
+    params = jax.tree.map(lambda x: spec(x.shape, x.dtype, sharding), params)
+    src = spec((batch, src_len), jnp.int32, sharding)
     decode = config.decode
 
     def search(params: Any, src: Any) -> Any:

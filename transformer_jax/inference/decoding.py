@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import flax
+import flax.linen
 import jax
 import jax.numpy as jnp
 
@@ -203,15 +204,15 @@ def as_model(model: Model, decode: bool = False) -> Transformer:
 @functools.lru_cache(maxsize=64)
 def _param_shapes(model: Transformer) -> dict[tuple[str, ...], tuple[int, ...]]:
     tokens = jnp.zeros((1, 1), jnp.int32)
-    shapes = jax.eval_shape(model.init, jax.random.key(0), tokens, tokens)["params"]
-    return {k: v.shape for k, v in flax.traverse_util.flatten_dict(shapes).items()}
+    shapes = flax.linen.unbox(jax.eval_shape(model.init, jax.random.key(0), tokens, tokens))
+    return {k: v.shape for k, v in flax.traverse_util.flatten_dict(shapes["params"]).items()}
 
 
 def check_params(model: Transformer, params: Any) -> None:
     """``params`` must be the parameter tree of ``model`` (a ``decode=False`` Transformer):
     a ``ValueError`` names the first differing entry."""
     want = _param_shapes(model)
-    got = flax.traverse_util.flatten_dict(flax.core.unfreeze(params))
+    got = flax.traverse_util.flatten_dict(flax.core.unfreeze(flax.linen.unbox(params)))
     for path in sorted(want.keys() | got.keys()):
         name = "/".join(map(str, path))
         if path not in got:

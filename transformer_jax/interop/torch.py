@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any, NamedTuple
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -260,6 +261,7 @@ def from_torch(
         )
     tokens = jnp.zeros((1, 1), jnp.int32)
     init = jax.jit(Transformer(config).init)(jax.random.key(seed), tokens, tokens)["params"]
+    init = nn.unbox(init)
     flat = {k: np.array(v) for k, v in traverse_util.flatten_dict(init).items()}
     used = set()
     for source, found in ((arrays, entries(config)), (given, outside_entries(config))):
@@ -310,7 +312,7 @@ def _store(flat: dict, entry: Entry, array: np.ndarray, scanned: bool) -> None:
 def _arrays(params: Any, config: TransformerConfig, found: list[Entry]) -> dict[str, np.ndarray]:
     """The torch arrays of ``found`` from ``params``: in_proj parts joined, the biases the
     config has none for as zeros."""
-    flat = traverse_util.flatten_dict(jax.device_get(params))
+    flat = traverse_util.flatten_dict(jax.device_get(nn.unbox(params)))  # boxed or plain
     parts: dict[str, list[np.ndarray]] = {}
     out = {}
     for entry in found:

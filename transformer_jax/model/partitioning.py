@@ -7,8 +7,9 @@ Every parameter's initializer is wrapped by :func:`logical` with the names of it
 * ``length``: the learned position table's rows; ``layers``: the leading axis of a stack's
   parameters under ``scan_layers``.
 
-The names ride on the parameters (as :class:`flax.linen.LogicallyPartitioned` boxes) only
-inside :func:`logical_specs`; everywhere else ``init`` returns plain arrays, the same values.
+The names ride on the parameters: ``init`` returns ``nn.LogicallyPartitioned`` boxes
+(:class:`Logical`); ``nn.unbox`` gives the plain arrays and ``apply`` takes either. The train
+state is made unboxed (``training.run``), so checkpoints hold plain arrays.
 Activations are constrained with :func:`constrain` (``activation_*`` names), a no-op unless
 a mesh and ``nn.logical_axis_rules`` are active. ``training.mesh`` maps the names onto mesh
 axes.
@@ -16,10 +17,8 @@ axes.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import functools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import flax.linen as nn
@@ -31,35 +30,32 @@ Initializer = Callable[..., Array]
 LAYERS = "layers"  # the scanned layer axis (nn.scan's metadata_params)
 ACTIVATIONS = ("activation_batch", "activation_length", "activation_embed")
 
-_BOXED = contextvars.ContextVar("transformer_jax_boxed_parameters", default=False)
+
+class Logical(nn.LogicallyPartitioned):
+    """A parameter with its logical axis names (``nn.LogicallyPartitioned``) that unboxes to
+    its value unconstrained: ``nn.DenseGeneral`` unboxes its kernel at its flattened rank,
+    which the names do not fit, when ``apply`` checks shapes under a mesh."""
+
+    def unbox(self, apply_constraint: bool = True) -> Any:
+        return self.value
 
 
 def logical(init: Initializer, names: Sequence[str | None]) -> Initializer:
-    """``init`` whose value carries the logical axis ``names`` inside :func:`logical_specs`
-    (``nn.with_logical_partitioning``) and is the plain array elsewhere."""
-    boxed = nn.with_logical_partitioning(init, tuple(names))
+    """``init`` whose value carries the logical axis ``names`` in a :class:`Logical` box
+    (as ``nn.with_logical_partitioning`` makes a ``LogicallyPartitioned`` one)."""
+    names = tuple(names)
 
-    def initializer(*args: Any, **kwargs: Any) -> Any:
-        return boxed(*args, **kwargs) if _BOXED.get() else init(*args, **kwargs)
+    @functools.wraps(init)
+    def initializer(*args: Any, **kwargs: Any) -> Logical:
+        return Logical(init(*args, **kwargs), names)
 
     return initializer
-
-
-@contextlib.contextmanager
-def _boxed() -> Iterator[None]:
-    token = _BOXED.set(True)
-    try:
-        yield
-    finally:
-        _BOXED.reset(token)
 
 
 def logical_specs(init: Callable[[], Any]) -> Any:
     """The logical ``PartitionSpec`` of each parameter ``init()`` makes, e.g.
     ``logical_specs(lambda: model.init(key, src, tgt)['params'])``; only shapes are computed."""
-    with _boxed():
-        shapes = jax.eval_shape(init)
-    return nn.get_partition_spec(shapes)
+    return nn.get_partition_spec(jax.eval_shape(init))
 
 
 def constrain(x: Array, names: Sequence[str | None] = ACTIVATIONS) -> Array:

@@ -395,4 +395,4 @@ def parameter_shapes(config: TransformerConfig) -> Any:
     computed without allocating them."""
     tokens = jax.ShapeDtypeStruct((1, 8), jnp.int32)
     init = lambda src, tgt: Transformer(config).init(jax.random.key(0), src, tgt)  # noqa: E731
-    return jax.eval_shape(init, tokens, tokens)["params"]
+    return nn.unbox(jax.eval_shape(init, tokens, tokens)["params"])

@@ -9,6 +9,7 @@ import shutil
 from collections.abc import Sequence
 from typing import Any
 
+import flax.linen as nn
 import jax
 import numpy as np
 
@@ -20,6 +21,7 @@ def average_params(trees: Sequence[Any]) -> Any:
     """Element-wise mean of parameter pytrees (accumulated in float64, original dtypes)."""
     if not trees:
         raise ValueError("need at least one set of parameters to average")
+    trees = [nn.unbox(tree) for tree in trees]  # model.init's boxes or plain arrays
     total = jax.tree.map(lambda x: np.asarray(x, np.float64), trees[0])
     for tree in trees[1:]:
         total = jax.tree.map(lambda t, x: t + np.asarray(x, np.float64), total, tree)

@@ -10,12 +10,39 @@ from __future__ import annotations
 
 import dataclasses
 
-from transformer_jax.fields import FLAG, integer, number, one_of, setting
+from transformer_jax.fields import FLAG, integer, number, one_of, predicate, setting
 
 # train.label_smoothing_convention: transformer_jax.training.loss
 CONVENTIONS = ("t2t", "uniform")
 # train.parallel: transformer_jax.training.parallel ('mesh': training.mesh.MeshParallel)
 PARALLEL_KINDS = ("pmap", "shard_map", "mesh")
+# train.logical_axis_rules: a parameter's or activation's logical axis -> a mesh axis
+MESH_AXES = ("data", "model")
+DEFAULT_RULES = (
+    "embed=data,vocab=model,heads=model,mlp=model,activation_batch=data,activation_vocab=model"
+)
+
+
+def parse_rules(text: str) -> tuple[tuple[str, str], ...]:
+    """``'embed=data,vocab=model'`` as ``(('embed', 'data'), ('vocab', 'model'))``, the
+    rules of ``nn.logical_axis_rules``; ValueError naming the field for a malformed one."""
+    rules = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, axis = (x.strip() for x in item.partition("="))
+        if not sep or not name or axis not in MESH_AXES or name in dict(rules):
+            raise ValueError(
+                f"train.logical_axis_rules: {item!r} is not LOGICAL=MESH_AXIS with a mesh axis "
+                f"of {MESH_AXES}, each logical name once (e.g. 'embed=data,heads=model')"
+            )
+        rules.append((name, axis))
+    return tuple(rules)
+
+
+def _rules(value: object) -> bool:
+    try:
+        return isinstance(value, str) and parse_rules(value) is not None
+    except ValueError:
+        return False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +86,13 @@ class TrainConfig:
     )
     mesh_model: int = setting(
         1, "parallel='mesh': the size of the mesh's model axis", integer(1), resumable=True
+    )
+    logical_axis_rules: str = setting(
+        DEFAULT_RULES,
+        "parallel='mesh': LOGICAL=MESH_AXIS pairs placing parameters and activations "
+        "(mesh axes 'data', 'model'; names not listed stay whole)",
+        predicate("comma-separated LOGICAL=MESH_AXIS pairs, MESH_AXIS 'data' or 'model'", _rules),
+        resumable=True,
     )
     seed: int = setting(0, "the parameters' initialization and dropout", integer(0))
     log_every: int = setting(100, "steps between log lines", integer(1), resumable=True)

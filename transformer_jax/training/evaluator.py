@@ -14,12 +14,12 @@ from transformer_jax.inference.translation import translate_on_devices
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.training.logs import say
 from transformer_jax.training.loss import summarize
-from transformer_jax.training.parallel import DataParallel
+from transformer_jax.training.parallel import Parallel
 
 Pair = tuple[str, str]
 
 
-def evaluate_loss(dp: DataParallel, params: Any, batches: list[dict]) -> dict[str, float]:
+def evaluate_loss(dp: Parallel, params: Any, batches: list[dict]) -> dict[str, float]:
     """Loss, accuracy and perplexity over ``batches`` (exact token-weighted averages)."""
     sums = dict.fromkeys(("loss", "cross_entropy", "nll", "tokens", "correct"), 0.0)
     for batch in batches:
@@ -81,7 +81,7 @@ class Evaluator:
         self,
         config: ml_collections.ConfigDict,
         workdir: str,
-        dp: DataParallel,
+        dp: Parallel,
         model_config: TransformerConfig,
         tokenizer: Any,
     ):

@@ -1,7 +1,7 @@
 """The batches of the coming training steps, read and placed on the devices ahead of time.
 
 A step takes ``grad_accum_steps`` micro-batches from the :class:`~transformer_jax.data.
-TrainIterator`, each placed on the devices by ``put`` (``DataParallel.put_batch``: this
+TrainIterator`, each placed on the devices by ``put`` (``Parallel.put_batch``: this
 process's share over its local devices). With ``depth > 0`` a background thread keeps
 ``depth`` steps' batches ready (and holds the next one until there is room); with
 ``depth == 0`` they are read when the step asks. Either way

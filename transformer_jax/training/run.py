@@ -9,6 +9,7 @@ import os
 import time
 from typing import Any
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -19,13 +20,13 @@ from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.multihost.distributed import from_process_zero
 from transformer_jax.training import checkpoints
-from transformer_jax.training.mesh import MeshParallel, make_parallel
+from transformer_jax.training.mesh import make_parallel
 from transformer_jax.training.optimizer import (
     transformer_optimizer,
     transformer_schedule,
     with_cooldown,
 )
-from transformer_jax.training.parallel import DataParallel
+from transformer_jax.training.parallel import Parallel
 from transformer_jax.training.schema import RESUMABLE, default_config
 from transformer_jax.training.steps import TrainState, create_train_state
 from transformer_jax.training.workdir import empty_folders_removed
@@ -101,7 +102,7 @@ def new_state(model_config: TransformerConfig, config: ml_collections.ConfigDict
     key = jax.random.PRNGKey(config.train.seed)
     init_key, dropout_key = jax.random.split(key)
     dummy = jnp.ones((1, 8), jnp.int32)
-    params = model.init(init_key, dummy, dummy)["params"]
+    params = nn.unbox(model.init(init_key, dummy, dummy)["params"])  # plain arrays
     tx = transformer_optimizer(
         run_schedule(config, model_config),
         config.train.adam_b1,
@@ -126,7 +127,7 @@ class Run:
     workdir: str
     model_config: TransformerConfig
     tokenizer: data_lib.Tokenizer
-    dp: DataParallel | MeshParallel
+    dp: Parallel
     state: TrainState
     data_state: dict[str, int] | None
     checkpointer: checkpoints.Checkpointer
@@ -172,6 +173,7 @@ def start_run(
         config.train.label_smoothing,
         label_smoothing_convention=config.train.label_smoothing_convention,
         mesh_model=config.train.mesh_model,
+        logical_axis_rules=config.train.logical_axis_rules,
     )
     state = init_state(model_config, config)
     checkpointer = checkpoints.Checkpointer(workdir, config.train.keep_checkpoints)
