@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -55,7 +56,7 @@ def test_readme_variant_is_used_and_decodes_from_its_cache():
     namespace: dict = {}
     exec(compile(library_example(1), str(README), "exec"), namespace)
     model, params, src = namespace["model"], namespace["params"], namespace["src"]
-    layer = params["decoder"]["layer_0"]
+    layer = nn.unbox(params)["decoder"]["layer_0"]  # init: boxes with axis names
     assert set(layer["ffn"]) == {"gate", "value", "out"} and set(layer["ffn_block"]) == {"norm"}
     assert layer["self_attention"]["key"]["kernel"].shape == (32, 2, 8)  # 2 K/V heads
     assert namespace["translation"].shape == (1, 32)  # min(5 + 50, max_len)
