@@ -215,3 +215,12 @@ def test_live_torch_is_reproduced_both_ways(norm_first):
     logits = out.detach().numpy() @ np.asarray(params["shared_embed"]["embedding"]).T
     ours = tj.Transformer(config).apply({"params": params}, SRC, TGT)
     np.testing.assert_allclose(np.asarray(ours), logits, atol=ATOL, rtol=0)
+
+
+def test_to_torch_takes_init_output_boxed_or_plain():
+    boxed = jax.jit(tj.Transformer(TORCH_LIKE).init)(jax.random.key(0), SRC, TGT)["params"]
+    from_boxed = interop.to_torch(boxed, TORCH_LIKE, numpy=True)
+    from_plain = interop.to_torch(init(TORCH_LIKE), TORCH_LIKE, numpy=True)
+    assert from_boxed.keys() == from_plain.keys()
+    for key, value in from_plain.items():
+        np.testing.assert_array_equal(from_boxed[key], value, err_msg=key)

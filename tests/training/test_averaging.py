@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from transformer_jax import Transformer
-from transformer_jax.model.config import from_config_dict
+from transformer_jax.model.config import TransformerConfig, from_config_dict
 from transformer_jax.training.averaging import average_checkpoints, average_params
 from transformer_jax.training.checkpoints import CHECKPOINT_DIR, load_run, save_params
 from transformer_jax.training.schema import default_config
@@ -35,3 +35,15 @@ def test_average_checkpoints_saves_the_mean_of_the_last_ones(tmp_path):
         average_checkpoints(workdir, 4)
     mean = average_params([{"w": np.float32([1, 2])}, {"w": np.float32([2, 4])}])
     assert mean["w"].dtype == np.float32 and mean["w"].tolist() == [1.5, 3.0]
+
+
+def test_average_params_takes_init_output_boxed_or_plain():
+    config = TransformerConfig(
+        vocab_size=16, d_model=8, num_heads=2, d_ff=16, num_encoder_layers=1, num_decoder_layers=1
+    )
+    model, src = Transformer(config), jnp.ones((1, 4), jnp.int32)
+    init = jax.jit(model.init)
+    boxed = [init(jax.random.key(seed), src, src)["params"] for seed in (0, 1)]
+    plain = average_params([nn.unbox(tree) for tree in boxed])
+    mixed = average_params([boxed[0], nn.unbox(boxed[1])])
+    assert jax.tree.all(jax.tree.map(np.array_equal, mixed, plain))
