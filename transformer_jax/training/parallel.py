@@ -246,15 +246,16 @@ class PmapParallel(DataParallel):
         return self.replicate(steps.zero_accumulator(self.unreplicate(state.params)))
 
     def stacked(self, tree: Any) -> Any:
+        """``tree`` with a leading device axis, one entry on each device."""
         n = self.num_devices
-        return jax.tree.map(lambda x: spec((n, *x.shape), x.dtype), tree)
+        return jax.tree.map(lambda x: spec((n, *x.shape), x.dtype, self.local_sharding), tree)
 
     def state_specs(self, state: Any) -> Any:
         return self.stacked(state)
 
     def batch_specs(self, rows: int, length: int) -> dict[str, jax.ShapeDtypeStruct]:
         n = self.num_devices
-        return {k: spec((n, rows // n, length), jnp.int32) for k in BATCH_KEYS}
+        return {k: spec((n, rows // n, length), jnp.int32, self.local_sharding) for k in BATCH_KEYS}
 
     def accumulator_specs(self, state: Any) -> Any:
         return self.stacked(self.accumulator_shapes(state.params))
