@@ -20,7 +20,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 from jax.experimental import topologies
 from jax.sharding import NamedSharding, SingleDeviceSharding
@@ -34,6 +33,7 @@ from transformer_jax.model.transformer import Transformer
 from transformer_jax.training.mesh import MeshParallel
 from transformer_jax.training.parallel import AXIS, DataParallel
 from transformer_jax.training.run import new_state
+from transformer_jax.training.schema import RunConfig
 from transformer_jax.training.steps import zero_accumulator
 
 PLUGIN = "jax_plugins.xla_cuda12"
@@ -160,7 +160,7 @@ def gpu_model_config(model: TransformerConfig) -> TransformerConfig:
     return model.replace(platform="gpu")
 
 
-def abstract_state(model: TransformerConfig, config: ml_collections.ConfigDict) -> Any:
+def abstract_state(model: TransformerConfig, config: RunConfig) -> Any:
     """The train state's shapes and dtypes (nothing is made)."""
     return jax.eval_shape(lambda: new_state(model, config))
 
@@ -171,7 +171,7 @@ def _spec(shape: tuple[int, ...], dtype: Any, sharding: Any = None) -> jax.Shape
 
 def train_program(
     model: TransformerConfig,
-    config: ml_collections.ConfigDict,
+    config: RunConfig,
     devices: list[Any],
     rows: int,
     length: int,
@@ -208,16 +208,14 @@ def train_program(
     return compile_program(dp._train, state, batch)
 
 
-def device_state(
-    model: TransformerConfig, config: ml_collections.ConfigDict, devices: list[Any], kind: str
-) -> Any:
+def device_state(model: TransformerConfig, config: RunConfig, devices: list[Any], kind: str) -> Any:
     """:func:`abstract_state` with the shardings ``train.parallel='mesh'`` gives it on
     ``devices`` (whole arrays for ``pmap`` / ``shard_map``, which copy the state)."""
     state = abstract_state(model, config)
     return state if kind != "mesh" else _placed(_mesh(model, config, devices), state)
 
 
-def _mesh(model: TransformerConfig, config: ml_collections.ConfigDict, devices: list) -> Any:
+def _mesh(model: TransformerConfig, config: RunConfig, devices: list) -> Any:
     return MeshParallel(
         Transformer(model),
         config.train.label_smoothing,
@@ -233,7 +231,7 @@ def _placed(dp: MeshParallel, tree: Any) -> Any:
 
 def _mesh_train_program(
     model: TransformerConfig,
-    config: ml_collections.ConfigDict,
+    config: RunConfig,
     devices: list[Any],
     rows: int,
     length: int,
@@ -251,7 +249,7 @@ def _mesh_train_program(
 
 def decode_program(
     model: TransformerConfig,
-    config: ml_collections.ConfigDict,
+    config: RunConfig,
     device: Any,
     batch: int,
     src_len: int,
