@@ -23,6 +23,7 @@ from conftest import ROOT
 from transformer_jax.aot import programs
 from transformer_jax.aot.gpus import device_gpu
 from transformer_jax.data import prepared
+from transformer_jax.training.schema import RunConfig
 
 BENCHMARKS = os.path.join(str(ROOT), "benchmarks")
 
@@ -212,7 +213,7 @@ def test_quality_dev_metrics_equal_the_training_loops_final_evaluation(tmp_path)
     )
     config.data.update(tokens_per_batch=256, tokenizer_train_sentences=2000)
     config.train.update(num_steps=3, warmup_steps=2, eval_sentences=0, final_test=False)
-    result = train_and_evaluate(config, str(tmp_path))
+    result = train_and_evaluate(RunConfig.from_config(config), str(tmp_path))
     dev = scores.dev_metrics(*load(str(tmp_path), "latest"), str(tmp_path))
     assert result["complete"] and result["eval_loss"] > 0
     for name in ("loss", "perplexity", "accuracy"):

@@ -17,6 +17,7 @@ import pytest
 
 from transformer_jax.aot import programs
 from transformer_jax.aot.gpus import GPUS
+from transformer_jax.training.schema import RunConfig
 from transformer_jax.training.validation import validate_config
 
 pytestmark = [
@@ -38,7 +39,7 @@ def run_config(name, arithmetic):
     if arithmetic == "bfloat16-cudnn":
         config.model.dtype = "bfloat16"
         config.model.attention_impl = "cudnn"
-    return config, validate_config(config)
+    return config, validate_config(RunConfig.from_config(config))
 
 
 def check(compiled, model, calls):

@@ -22,7 +22,7 @@ from transformer_jax.model.transformer import Transformer
 from transformer_jax.training.logs import read_metrics
 from transformer_jax.training.mesh import mesh_shape
 from transformer_jax.training.parallel import DataParallel
-from transformer_jax.training.schema import default_config
+from transformer_jax.training.schema import RunConfig, default_config
 from transformer_jax.training.validation import validate_config
 
 NAMES = {"vocab", "embed", "heads", "kv", "mlp", "length", "layers"}
@@ -161,10 +161,10 @@ def test_mesh_model_must_divide_the_devices():
     config = default_config()
     config.train.update(parallel="mesh", mesh_model=jax.device_count() + 1)
     with pytest.raises(ValueError, match="train.mesh_model=.* must divide"):
-        validate_config(config)
+        validate_config(RunConfig.from_config(config))
     config.train.mesh_model = 0
     with pytest.raises(ValueError, match="train.mesh_model must be a positive integer, got 0"):
-        validate_config(config)
+        validate_config(RunConfig.from_config(config))
 
 
 def test_data_parallel_leaves_mesh_to_mesh_parallel():
