@@ -271,11 +271,12 @@ def test_quality_parses_the_baselines_output():
 def test_quality_counts_the_batches_of_a_packed_run(tmp_path):
     from transformer_jax.data import pipeline, preparation
     from transformer_jax.data.batching import TrainIterator
-    from transformer_jax.training.schema import default_config
+    from transformer_jax.training.schema import RunConfig, default_config
 
     config = default_config()
     config.data.update(source="synthetic", packing=True, tokens_per_batch=1024, max_len=64)
     config.data.update(train_split="validation", tokenizer_train_sentences=2000)
+    config = RunConfig.from_config(config)
     (tmp_path / "config.json").write_text(config.to_json())
     tokenizer = preparation.get_tokenizer(config.data, str(tmp_path), 400)
     encoded = pipeline.encoded_split(config.data, "validation", tokenizer, str(tmp_path))

@@ -53,11 +53,14 @@ def test_multi30k_without_its_data_names_the_download_command(tmp_path, monkeypa
     monkeypatch.chdir(tmp_path)  # a clone without data/multi30k
     command = "python -m transformer_jax.download multi30k --dest data/multi30k"
     with pytest.raises(ValueError, match=f"^data.text_dir='data/multi30k' .*{command}"):
-        validate_config(load("multi30k"))
+        validate_config(RunConfig.from_config(load("multi30k")))
 
 
 def test_base_and_big_are_the_papers_table_3_models():
-    base, big = validate_config(load("base")), validate_config(load("big"))
+    base, big = (
+        validate_config(RunConfig.from_config(load("base"))),
+        validate_config(RunConfig.from_config(load("big"))),
+    )
     assert base == TransformerConfig()  # d_model 512, h 8, d_ff 2048, N 6, P_drop 0.1
     assert (big.d_model, big.num_heads, big.d_ff, big.dropout_rate) == (1024, 16, 4096, 0.3)
     assert big.num_encoder_layers == big.num_decoder_layers == 6

@@ -39,7 +39,8 @@ def run_config(name, arithmetic):
     if arithmetic == "bfloat16-cudnn":
         config.model.dtype = "bfloat16"
         config.model.attention_impl = "cudnn"
-    return config, validate_config(RunConfig.from_config(config))
+    config = RunConfig.from_config(config)
+    return config, validate_config(config)
 
 
 def check(compiled, model, calls):
@@ -79,7 +80,7 @@ def test_train_step_compiles_for_h100s(name, arithmetic, kind, topology):
 
 def test_mesh_train_step_compiles_for_8_h100s_with_sharded_parameters():
     config, model = run_config("big", "bfloat16-cudnn")  # train.parallel='mesh'
-    config.train.mesh_model = 2  # 4 x 2: FSDP over 4, tensor parallel over 2
+    config = config.replace(train={"mesh_model": 2})  # 4 x 2: FSDP over 4, TP over 2
     devices = programs.gpu_devices(H100, "1x1x8")
     compiled = programs.train_program(model, config, devices, ROWS * 4, LENGTH, "mesh")
     sublayers = model.num_encoder_layers + 2 * model.num_decoder_layers

@@ -74,7 +74,8 @@ def test_a_training_runs_updates_follow_train_cooldown_steps():
     config.train.update(num_steps=4, warmup_steps=2, cooldown_steps=3)
     plain = config.copy_and_resolve_references()
     plain.train.cooldown_steps = 0
-    model_config = validate_config(RunConfig.from_config(config))
+    plain, config = RunConfig.from_config(plain), RunConfig.from_config(config)
+    model_config = validate_config(config)
     states = [init_state(model_config, c) for c in (plain, config)]
     grads = jax.tree.map(jnp.ones_like, states[0].params)
     opt = [s.opt_state for s in states]
