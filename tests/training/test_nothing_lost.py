@@ -350,7 +350,7 @@ def test_truncated_files_are_one_line_or_rebuilt(prepared, tmp_path, capsys):  #
     tokenizer_path.write_bytes((prepared / "tokenizer.model").read_bytes()[:500])
     with pytest.raises(ValueError, match="tokenizer.model is not a sentencepiece model"):
         load_tokenizer(str(tokenizer_path))
-    config, _ = micro_config(tmp_path)
+    config = RunConfig.from_config(micro_config(tmp_path)[0])
     workdir = workdir_from(prepared, tmp_path / "run")
     tokenizer = load_tokenizer(os.path.join(workdir, "tokenizer.model"))
     cache = os.path.join(workdir, "data_cache")
