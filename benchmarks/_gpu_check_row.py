@@ -41,15 +41,17 @@ from transformer_jax.configs import config_file
 from transformer_jax.data.grouping import batch_rows
 from transformer_jax.ids import EOS_ID
 from transformer_jax.inference.translation import decode_batch
+from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.training.mesh import make_parallel
 from transformer_jax.training.run import init_state
+from transformer_jax.training.schema import RunConfig
 from transformer_jax.training.validation import validate_config
 
 DECODE_SRC_LEN = 64
 
 
-def load_config(name: str, overrides: dict[str, Any]) -> Any:
+def load_config(name: str, overrides: dict[str, Any]) -> RunConfig:
     """The packaged config ``name`` with ``{'section.field': value}`` overrides applied."""
     spec = importlib.util.spec_from_file_location(name, config_file(name))
     module = importlib.util.module_from_spec(spec)
@@ -58,7 +60,7 @@ def load_config(name: str, overrides: dict[str, Any]) -> Any:
     for key, value in overrides.items():
         section, field = key.split(".")
         setattr(config[section], field, value)
-    return config
+    return RunConfig.from_config(config)
 
 
 def probe() -> dict[str, Any]:
@@ -72,7 +74,9 @@ def probe() -> dict[str, Any]:
     }
 
 
-def train(config: Any, model: Any, steps: int) -> tuple[dict[str, Any], Any, Any]:
+def train(
+    config: RunConfig, model: TransformerConfig, steps: int
+) -> tuple[dict[str, Any], Any, Any]:
     """Time the run's train step; the row's figures, the parallel object and the state."""
     dp = make_parallel(
         config.train.parallel,
@@ -156,7 +160,9 @@ def collectives(kind: str, params: int, repeats: int) -> dict[str, dict[str, flo
     return out
 
 
-def decode(config: Any, model: Any, copies: list[Any], batch: int, repeats: int) -> dict:
+def decode(
+    config: RunConfig, model: TransformerConfig, copies: list[Any], batch: int, repeats: int
+) -> dict:
     """Beam search of ``batch`` random sources on each device at once (one call each)."""
     src_len = min(DECODE_SRC_LEN, model.max_len)
     src = np.random.default_rng(1).integers(4, model.src_vocab, (batch, src_len), np.int32)

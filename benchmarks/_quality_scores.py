@@ -16,13 +16,13 @@ from transformer_jax.data.pipeline import encoded_split, eval_split_batches, mak
 from transformer_jax.inference.bleu import bleu
 from transformer_jax.inference.runs import shared_tokenizer
 from transformer_jax.inference.translation import translate_lines
-from transformer_jax.model.config import from_config_dict
+from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.training.checkpoints import load_config, load_run
 from transformer_jax.training.evaluator import evaluate_loss
 from transformer_jax.training.logs import read_metrics, read_run_info
 from transformer_jax.training.mesh import make_parallel
-from transformer_jax.training.schema import resolve_auto
+from transformer_jax.training.schema import RunConfig, resolve_auto
 
 
 def run_summary(workdir: str, step: int, train_wall_s: float) -> dict[str, Any]:
@@ -47,7 +47,7 @@ def batches_per_epoch(workdir: str, info: dict[str, Any]) -> int:
     if info["batches_per_epoch"] is not None:
         return info["batches_per_epoch"]
     config = load_config(workdir)
-    tokenizer = shared_tokenizer([workdir], from_config_dict(config.model).tgt_vocab)
+    tokenizer = shared_tokenizer([workdir], config.model.tgt_vocab)
     encoded = encoded_split(config.data, config.data.train_split, tokenizer, workdir)
     batcher = make_batcher(config.data, encoded, info["devices"])
     return len(TrainIterator(batcher, config.data.seed).epoch_plan(0))
@@ -82,7 +82,7 @@ def loss_curve(workdir: str, points: int = 12) -> list[dict[str, Any]]:
 
 
 def dev_metrics(
-    config: Any, model_config: Any, params: Any, tokenizer: Any, workdir: str
+    config: RunConfig, model_config: TransformerConfig, params: Any, tokenizer: Any, workdir: str
 ) -> dict[str, float]:
     """Loss (label-smoothed), perplexity and accuracy of ``params`` on every pair of the
     run's dev split (``config.data.eval_split``), measured as ``train.py`` measures them."""
@@ -119,7 +119,7 @@ def evaluate(
 
     loaded = [load_run(workdir, checkpoint) for workdir in workdirs]
     config = loaded[0][0]
-    model_configs = [resolve_auto(from_config_dict(run.model)) for run, _, _ in loaded]
+    model_configs = [resolve_auto(run.model) for run, _, _ in loaded]
     tokenizer = shared_tokenizer(workdirs, model_configs[0].tgt_vocab)
     params = [p for _, p, _ in loaded]
     if len(workdirs) == 1:

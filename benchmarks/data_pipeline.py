@@ -44,6 +44,7 @@ token x 50,000). "headroom" is host batches/s over that.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import random
@@ -113,13 +114,10 @@ def write_mapped(path: str, n: int, vocab: int, seed: int = 0) -> None:
 
 
 def data_config(directory: str, smoke: bool) -> Any:
-    from transformer_jax.training.schema import default_config
+    from transformer_jax.data.config import DataConfig
 
-    config = default_config().data
-    config.update(source="text", text_dir=directory)
-    if smoke:
-        config.update(tokens_per_batch=2048, max_len=64)
-    return config
+    smaller = {"tokens_per_batch": 2048, "max_len": 64} if smoke else {}
+    return DataConfig(source="text", text_dir=directory, **smaller)
 
 
 def rss_bytes() -> tuple[int, int]:
@@ -135,7 +133,7 @@ def start_run(stage: str, directory: str, config: Any, tokenizer: Any) -> Any:
     from transformer_jax.data import pipeline, prepared
     from transformer_jax.data.batching import TrainIterator
 
-    config.packing = stage.endswith("packed")
+    config = dataclasses.replace(config, packing=stage.endswith("packed"))
     workdir = os.path.join(directory, "run")
     if stage.startswith("start"):
         return pipeline.train_iterator(config, workdir, tokenizer, num_shards=GPUS)
@@ -156,7 +154,8 @@ def run_stage(
     before, start = rss_bytes(), time.perf_counter()
     record: dict[str, Any] = {}
     if stage.startswith("boundary"):
-        config.update(bpe_dropout=0.1, tokens_per_batch=25_000 if not smoke else 2048)
+        tokens = 25_000 if not smoke else 2048
+        config = dataclasses.replace(config, bpe_dropout=0.1, tokens_per_batch=tokens)
         return run_boundary(config, workdir, vocab, step_ms, ahead=stage == "boundary ahead")
     if stage == "tokenizer":
         preparation.get_tokenizer(config, workdir, vocab)

@@ -26,6 +26,7 @@ the end scales the measured per-pair costs to ``--extrapolate`` pairs on ``--cor
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import os
@@ -130,8 +131,7 @@ def run_stage(stage: str, directory: str, vocab: int, workers: int, smoke: bool)
     from transformer_jax.data.sources import ReadCounts, stream_pairs
     from transformer_jax.data.spool import write_spool
 
-    config = data_config(directory, smoke)
-    config.update(prepare_workers=workers)
+    config = dataclasses.replace(data_config(directory, smoke), prepare_workers=workers)
     workdir = os.path.join(directory, "run")
     cache = os.path.join(workdir, "data_cache")
     os.makedirs(cache, exist_ok=True)

@@ -23,6 +23,7 @@ from conftest import ROOT
 from transformer_jax.aot import programs
 from transformer_jax.aot.gpus import device_gpu
 from transformer_jax.data import prepared
+from transformer_jax.training.schema import RunConfig
 
 BENCHMARKS = os.path.join(str(ROOT), "benchmarks")
 
@@ -212,7 +213,7 @@ def test_quality_dev_metrics_equal_the_training_loops_final_evaluation(tmp_path)
     )
     config.data.update(tokens_per_batch=256, tokenizer_train_sentences=2000)
     config.train.update(num_steps=3, warmup_steps=2, eval_sentences=0, final_test=False)
-    result = train_and_evaluate(config, str(tmp_path))
+    result = train_and_evaluate(RunConfig.from_config(config), str(tmp_path))
     dev = scores.dev_metrics(*load(str(tmp_path), "latest"), str(tmp_path))
     assert result["complete"] and result["eval_loss"] > 0
     for name in ("loss", "perplexity", "accuracy"):
@@ -270,11 +271,12 @@ def test_quality_parses_the_baselines_output():
 def test_quality_counts_the_batches_of_a_packed_run(tmp_path):
     from transformer_jax.data import pipeline, preparation
     from transformer_jax.data.batching import TrainIterator
-    from transformer_jax.training.schema import default_config
+    from transformer_jax.training.schema import RunConfig, default_config
 
     config = default_config()
     config.data.update(source="synthetic", packing=True, tokens_per_batch=1024, max_len=64)
     config.data.update(train_split="validation", tokenizer_train_sentences=2000)
+    config = RunConfig.from_config(config)
     (tmp_path / "config.json").write_text(config.to_json())
     tokenizer = preparation.get_tokenizer(config.data, str(tmp_path), 400)
     encoded = pipeline.encoded_split(config.data, "validation", tokenizer, str(tmp_path))

@@ -11,6 +11,7 @@ from conftest import ROOT
 from transformer_jax.configs import NAMES
 from transformer_jax.kernels import cpuinfo
 from transformer_jax.model.config import TransformerConfig
+from transformer_jax.training.schema import RunConfig
 from transformer_jax.training.validation import validate_config
 
 
@@ -37,7 +38,7 @@ def test_config_file_is_valid(name, tmp_path):
     config = load(name)
     if config.data.source == "text":  # the data directory is not part of the project
         config.data.text_dir = str(tmp_path)
-    model = validate_config(config)
+    model = validate_config(RunConfig.from_config(config))
     assert model.vocab_size == config.model.vocab_size
 
 
@@ -52,11 +53,14 @@ def test_multi30k_without_its_data_names_the_download_command(tmp_path, monkeypa
     monkeypatch.chdir(tmp_path)  # a clone without data/multi30k
     command = "python -m transformer_jax.download multi30k --dest data/multi30k"
     with pytest.raises(ValueError, match=f"^data.text_dir='data/multi30k' .*{command}"):
-        validate_config(load("multi30k"))
+        validate_config(RunConfig.from_config(load("multi30k")))
 
 
 def test_base_and_big_are_the_papers_table_3_models():
-    base, big = validate_config(load("base")), validate_config(load("big"))
+    base, big = (
+        validate_config(RunConfig.from_config(load("base"))),
+        validate_config(RunConfig.from_config(load("big"))),
+    )
     assert base == TransformerConfig()  # d_model 512, h 8, d_ff 2048, N 6, P_drop 0.1
     assert (big.d_model, big.num_heads, big.d_ff, big.dropout_rate) == (1024, 16, 4096, 0.3)
     assert big.num_encoder_layers == big.num_decoder_layers == 6
@@ -67,7 +71,7 @@ def test_multi30k_takes_the_budget_it_was_tuned_for(tmp_path):
     short, thirty, long = load("multi30k"), load("multi30k", "30"), load("multi30k", "60")
     assert short.to_dict() == thirty.to_dict()
     long.data.text_dir = short.data.text_dir = str(tmp_path)  # not part of the project
-    small = validate_config(long)
+    small = validate_config(RunConfig.from_config(long))
     assert (small.d_model, small.num_heads, small.d_ff) == (128, 4, 256)
     assert (small.num_encoder_layers, small.num_decoder_layers, small.dropout_rate) == (4, 4, 0.2)
     assert (short.train.learning_rate_scale, long.train.learning_rate_scale) == (0.6, 2.5)
@@ -121,5 +125,5 @@ def test_multi30k_multiplies_in_the_cpus_fastest_arithmetic(monkeypatch, tmp_pat
     monkeypatch.setattr(cpuinfo, "cpu_flags", lambda path=cpuinfo.CPUINFO: frozenset(flags.split()))
     config = load("multi30k")
     config.data.text_dir = str(tmp_path)
-    assert validate_config(config).matmul_precision == expected
+    assert validate_config(RunConfig.from_config(config)).matmul_precision == expected
     assert config.model.matmul_precision == "auto"  # config.json keeps the choice

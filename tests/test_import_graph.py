@@ -105,11 +105,14 @@ def imported(node: ast.AST, importer: str, is_package: bool) -> list[tuple[str, 
 
 
 def scan(source: str, importer: str, is_package: bool = False):
-    """(every (module, name) the source imports, the modules imported inside functions)."""
+    """(every (module, name) the source imports when run, the modules imported inside
+    functions)."""
     imports, lazy = set(), set()
 
     def visit(node: ast.AST, in_function: bool) -> None:
         for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and ast.unparse(child.test) == "TYPE_CHECKING":
+                continue  # imports for annotations only: not run
             if isinstance(child, ast.Import | ast.ImportFrom):
                 found = imported(child, importer, is_package)
                 imports.update(found)

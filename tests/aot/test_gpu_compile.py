@@ -17,6 +17,7 @@ import pytest
 
 from transformer_jax.aot import programs
 from transformer_jax.aot.gpus import GPUS
+from transformer_jax.training.schema import RunConfig
 from transformer_jax.training.validation import validate_config
 
 pytestmark = [
@@ -38,6 +39,7 @@ def run_config(name, arithmetic):
     if arithmetic == "bfloat16-cudnn":
         config.model.dtype = "bfloat16"
         config.model.attention_impl = "cudnn"
+    config = RunConfig.from_config(config)
     return config, validate_config(config)
 
 
@@ -65,7 +67,7 @@ def check(compiled, model, calls):
 def test_train_step_compiles_for_h100s(name, arithmetic, kind, topology):
     config, model = run_config(name, arithmetic)
     devices = programs.gpu_devices(H100, topology)
-    config.train.parallel = kind
+    config = config.replace(train={"parallel": kind})
     compiled = programs.train_program(model, config, devices, ROWS * len(devices), LENGTH)
     sublayers = model.num_encoder_layers + 2 * model.num_decoder_layers
     check(compiled, model, calls=2 * sublayers)  # forward and backward
@@ -78,8 +80,8 @@ def test_train_step_compiles_for_h100s(name, arithmetic, kind, topology):
 
 
 def test_mesh_train_step_compiles_for_8_h100s_with_sharded_parameters():
-    config, model = run_config("big", "bfloat16-cudnn")
-    config.train.update(parallel="mesh", mesh_model=2)  # 4 x 2: FSDP over 4, tensor parallel over 2
+    config, model = run_config("big", "bfloat16-cudnn")  # train.parallel='mesh'
+    config = config.replace(train={"mesh_model": 2})  # 4 x 2: FSDP over 4, TP over 2
     devices = programs.gpu_devices(H100, "1x1x8")
     compiled = programs.train_program(model, config, devices, ROWS * 4, LENGTH)
     sublayers = model.num_encoder_layers + 2 * model.num_decoder_layers
@@ -98,7 +100,6 @@ def test_big_mesh_step_moves_parameters_and_gradients_not_activations():
     logits gather: the all-to-alls carry only their 2 gradients (one device's bfloat16
     [rows, length, d_model] each, operands and results) to the table's shards, and ids."""
     config, model = run_config("big", "bfloat16-cudnn")
-    config.train.parallel = "mesh"
     devices = programs.gpu_devices(H100, "1x1x8")
     compiled = programs.train_program(model, config, devices, ROWS * 8, LENGTH)
     params = jax.tree.leaves(programs.abstract_state(model, config).params)

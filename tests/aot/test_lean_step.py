@@ -12,6 +12,7 @@ import pytest
 from transformer_jax.aot import programs
 from transformer_jax.aot.plan import make_plan
 from transformer_jax.configs.base import get_config
+from transformer_jax.training.schema import RunConfig
 
 pytestmark = [
     pytest.mark.gpu_aot,
@@ -27,7 +28,7 @@ def temp_bytes(dropout_rate: float) -> int:
     config = get_config()
     config.model.update(dtype="bfloat16", attention_impl="cudnn", dropout_rate=dropout_rate)
     config.data.tokens_per_batch = 25_000
-    plan = make_plan(config, "h100", "1x1x1", decode_batch=0, fit=False)
+    plan = make_plan(RunConfig.from_config(config), "h100", "1x1x1", decode_batch=0, fit=False)
     assert plan["train"]["rows_per_device"] == 97 and plan["train"]["length"] == 256
     return plan["train"]["temp_bytes"]
 

@@ -11,6 +11,7 @@ from transformer_jax.aot import programs
 from transformer_jax.aot.gpus import GPUS
 from transformer_jax.aot.plan import format_plan, make_plan
 from transformer_jax.configs.tiny import get_config
+from transformer_jax.training.schema import RunConfig
 
 pytestmark = [
     pytest.mark.gpu_aot,
@@ -25,7 +26,7 @@ def test_a_step_xla_cannot_fit_is_the_plans_line_not_xlas_warning(monkeypatch, c
     monkeypatch.setitem(GPUS, "small", small)
     config = get_config()
     config.data.tokens_per_batch = 64 * 64
-    plan = make_plan(config, "small", "1x1x1", decode_batch=0, fit=False)
+    plan = make_plan(RunConfig.from_config(config), "small", "1x1x1", decode_batch=0, fit=False)
     train = plan["train"]
     assert train["rows_per_device"] == 64 and not train["fits"]
     could_not_fit = train["could_not_fit"]

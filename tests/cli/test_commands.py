@@ -21,10 +21,9 @@ from transformer_jax.cli.translate import main as translate_main
 from transformer_jax.data.tokenizer import load_tokenizer, train_tokenizer
 from transformer_jax.inference.bleu import bleu, tokenized_bleu
 from transformer_jax.inference.translation import translate_lines
-from transformer_jax.model.config import from_config_dict
 from transformer_jax.training.averaging import average_params
 from transformer_jax.training.checkpoints import CHECKPOINT_DIR, load_run, save_params
-from transformer_jax.training.schema import default_config
+from transformer_jax.training.schema import RunConfig, default_config
 
 SENTENCES = [
     "The cat sits on the mat.",
@@ -52,10 +51,12 @@ def workdir(tmp_path_factory):
         num_decoder_layers=1,
         max_len=24,
     )
+    config.data.max_len = 24
     config.decode.max_extra_len = 6
+    config = RunConfig.from_config(config)
     with open(os.path.join(path, "config.json"), "w") as f:
         f.write(config.to_json())
-    model = Transformer(from_config_dict(config.model))
+    model = Transformer(config.model)
     src = jnp.ones((1, 4), jnp.int32)
     init = jax.jit(model.init)
     for seed, step in enumerate(STEPS):
@@ -88,7 +89,7 @@ def test_translate_keeps_order_empty_lines_and_truncates(
                            write(tmp_path / "in.txt", lines)]) == 0  # fmt: skip
     assert capsys.readouterr().out.split("\n") == out
     run, params, _ = load_run(workdir)
-    cfg, tok = from_config_dict(run.model), load_tokenizer(os.path.join(workdir, "tokenizer.model"))
+    cfg, tok = run.model, load_tokenizer(os.path.join(workdir, "tokenizer.model"))
     kept = [lines[0], lines[2]]
     together = translate_lines(cfg, params, tok, kept, beam_size=1, max_extra_len=6)
     alone = [translate_lines(cfg, params, tok, [x], beam_size=1, max_extra_len=6)[0] for x in kept]
@@ -106,7 +107,7 @@ def test_repeated_workdirs_translate_as_an_ensemble(workdir, tmp_path, capsys):
     assert translate_main(argv) == 0
     out = capsys.readouterr().out.splitlines()
     run, params, _ = load_run(workdir)
-    cfg, tok = from_config_dict(run.model), load_tokenizer(os.path.join(workdir, "tokenizer.model"))
+    cfg, tok = run.model, load_tokenizer(os.path.join(workdir, "tokenizer.model"))
     both = [params, load_run(workdir, STEPS[-2])[1]]
     assert out == translate_lines(cfg, both, tok, lines, max_extra_len=6)
     assert out != translate_lines(cfg, params, tok, lines, max_extra_len=6)

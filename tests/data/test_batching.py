@@ -1,6 +1,7 @@
 """Token-budget batching: budget, coverage, over-length counts, packing, resume, pipeline."""
 
 import collections
+import dataclasses
 import os
 
 import numpy as np
@@ -9,9 +10,9 @@ from conftest import TINY_CONFIG
 
 from transformer_jax.data import batching, grouping, pipeline, preparation
 from transformer_jax.data.batching import Batcher, EncodedPairs, TrainIterator, eval_batches
+from transformer_jax.data.config import DataConfig
 from transformer_jax.data.synthetic import synthetic_pairs
 from transformer_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from transformer_jax.training.schema import default_config
 
 MAX_LEN = 32
 
@@ -314,8 +315,7 @@ def test_packed_segments_are_isolated_in_the_model():
 
 
 def test_pipeline_encodes_targets_with_the_first_pieces(tmp_path, monkeypatch):
-    config = default_config().data
-    config.update(source="synthetic", max_len=64, tokenizer_train_sentences=2000)
+    config = DataConfig(source="synthetic", max_len=64, tokenizer_train_sentences=2000)
     workdir = str(tmp_path)
     stream, reads = preparation.stream_pairs, []
     monkeypatch.setattr(
@@ -354,8 +354,7 @@ def test_pipeline_encodes_targets_with_the_first_pieces(tmp_path, monkeypatch):
 
 
 def test_pipeline_trains_tokenizer_once_and_caches_ids(tmp_path):
-    config = default_config().data
-    config.update(
+    config = DataConfig(
         source="synthetic", max_len=64, tokens_per_batch=2048, tokenizer_train_sentences=2000
     )
     workdir = str(tmp_path)
@@ -374,16 +373,16 @@ def test_pipeline_trains_tokenizer_once_and_caches_ids(tmp_path):
     assert counts == {"pairs": 1000, "dropped_too_long": 0}
     decoded = {tokenizer.decode(row) for b in batches for row in b["src"] if row.any()}
     assert len(decoded) == 1000 and "a bright castle jumped" not in decoded
-    config.update(tokens_per_batch=4096, packing=True)
+    config = dataclasses.replace(config, tokens_per_batch=4096, packing=True)
     iterator = pipeline.train_iterator(
         config, workdir, tokenizer, num_shards=2, state={"epoch": 2, "index": 3, "pair": 9}
     )
     assert iterator.get_state() == {"epoch": 2, "index": 3, "pair": 9}
     assert next(iterator)["src_segments"].shape == (64, 64)
 
-    config.update(bpe_dropout=0.2, max_len=128)  # each epoch's sources in new, smaller pieces
+    config = dataclasses.replace(config, bpe_dropout=0.2, max_len=128)  # new, smaller pieces
     sampled = pipeline.train_iterator(config, workdir, tokenizer, num_shards=2)
-    config.bpe_dropout = 0.0
+    config = dataclasses.replace(config, bpe_dropout=0.0)
     plain = pipeline.train_iterator(config, workdir, tokenizer, num_shards=2)
     epoch = lambda it, e: collections.Counter(
         p for planned in it.epoch_plan(e) for p in unpack(it.batcher.fill(planned))

@@ -8,13 +8,13 @@ import sys
 import pytest
 
 from transformer_jax.cli.download import main
+from transformer_jax.data.config import DataConfig
 from transformer_jax.data.download import (
     MULTI30K_LANGS,
     MULTI30K_SPLITS,
     download_multi30k,
 )
 from transformer_jax.data.sources import load_pairs
-from transformer_jax.training.schema import default_config
 
 
 def raw_copy(folder, lines=MULTI30K_SPLITS):
@@ -34,8 +34,7 @@ def test_download_lays_out_the_splits_the_text_source_reads(tmp_path, capsys):
     assert sorted(p.name for p in dest.iterdir()) == sorted(
         f"{split}.{lang}" for split in MULTI30K_SPLITS for lang in MULTI30K_LANGS
     )
-    config = default_config().data
-    config.update(source="text", text_dir=str(dest), src_lang="en", tgt_lang="de")
+    config = DataConfig(source="text", text_dir=str(dest), src_lang="en", tgt_lang="de")
     for split, count in MULTI30K_SPLITS.items():
         pairs = load_pairs(config, split)
         assert len(pairs) == count

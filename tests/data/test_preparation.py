@@ -15,10 +15,11 @@ from transformer_jax.configs.tiny import get_config as tiny_config
 from transformer_jax.data import prepared
 from transformer_jax.data.preparation import prepare_run_data
 from transformer_jax.data.tokenizer import train_tokenizer
+from transformer_jax.training.schema import RunConfig
 
 
 def test_prepare_run_data_writes_the_tokenizer_and_each_split(tmp_path):
-    config = tiny_config()
+    config = RunConfig.from_config(tiny_config())
     workdir = str(tmp_path / "run")
     paths = prepare_run_data(config.data, workdir, 1000, None, ["train", "validation"])
     assert os.path.isfile(tmp_path / "run" / "tokenizer.model")

@@ -5,6 +5,7 @@ opened), streamed text/gzip/TFDS (a real ArrayRecord dataset), counts of what re
 skipped, the ``data.prepare`` command, and two processes reading disjoint shares of one
 prepared split."""
 
+import dataclasses
 import gzip
 import hashlib
 import json
@@ -22,8 +23,9 @@ from conftest import ROOT
 
 from transformer_jax.data import pipeline, preparation, prepared, resampled
 from transformer_jax.data.batching import Batcher, TrainIterator
+from transformer_jax.data.config import DataConfig
 from transformer_jax.data.sources import ReadCounts, load_pairs, stream_pairs
-from transformer_jax.training.schema import default_config
+from transformer_jax.training.schema import RunConfig
 from transformer_jax.training.validation import validate_config
 
 # Digests of tokenizer, ids and 2 x 2 x (epoch + 5) batches (bucketed and packed, process 0
@@ -53,9 +55,7 @@ def write_corpus(directory, n=3000):
 
 
 def data_config(**changes):
-    config = default_config().data
-    config.update(tokens_per_batch=512, max_len=64, **changes)
-    return config
+    return DataConfig(**{"tokens_per_batch": 512, "max_len": 64, **changes})
 
 
 def digest(config, workdir):
@@ -148,17 +148,17 @@ def test_workers_and_an_interruption_leave_the_same_bytes(tmp_path, monkeypatch)
         return encode(tok, chunk, num_threads)
 
     shutil.rmtree(path)
-    config.prepare_workers = 1  # from the text files now, in this process
+    config = dataclasses.replace(config, prepare_workers=1)  # from the text files, here
     monkeypatch.setattr(preparation, "encode_pairs", interrupted)
     with pytest.raises(KeyboardInterrupt):
         preparation.prepare_split(config, "train", tokenizer, workdir, chunk_pairs=500)
     assert not os.path.exists(path) and calls == [500, 500, 500]
     monkeypatch.setattr(preparation, "encode_pairs", encode)
-    config.prepare_workers = 2  # its last 4 chunks by two workers
+    config = dataclasses.replace(config, prepare_workers=2)  # its last 4 chunks by two
     preparation.prepare_split(config, "train", tokenizer, workdir, chunk_pairs=500)
     assert not os.path.exists(f"{path}.partial-500") and split_digest(path) == two
     shutil.rmtree(path)
-    config.prepare_workers = 1
+    config = dataclasses.replace(config, prepare_workers=1)
     preparation.prepare_split(config, "train", tokenizer, workdir, chunk_pairs=500)
     assert split_digest(path) == two
 
@@ -340,13 +340,12 @@ SHARE = textwrap.dedent(
     import json, sys
     from transformer_jax.data import pipeline, preparation
     from transformer_jax.multihost import distributed
-    from transformer_jax.training.schema import default_config
+    from transformer_jax.data.config import DataConfig
 
     port, index, text_dir, workdir = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
     assert distributed.initialize(False, coordinator_address=f"127.0.0.1:{port}",
                                   num_processes=2, process_id=index)
-    config = default_config().data
-    config.update(source="text", text_dir=text_dir, tokens_per_batch=512, max_len=64)
+    config = DataConfig(source="text", text_dir=text_dir, tokens_per_batch=512, max_len=64)
     tokenizer = preparation.load_tokenizer(f"{workdir}/tokenizer.model")
 
     def prepare():
@@ -396,8 +395,8 @@ def test_two_processes_read_disjoint_shares_of_one_prepared_split(tmp_path):
 
 
 def test_data_dir_must_be_a_directory(tmp_path):
-    config = default_config()
-    config.data.update(source="synthetic", data_dir=str(tmp_path / "file"))
+    data = {"source": "synthetic", "data_dir": str(tmp_path / "file")}
+    config = RunConfig.from_config({"data": data})
     validate_config(config)  # absent: created when the splits are prepared
     (tmp_path / "file").write_text("")
     with pytest.raises(ValueError, match=r"^data\.data_dir='.*file' is not a directory$"):
@@ -411,7 +410,7 @@ def test_bpe_dropout_reads_the_sources_mapped_from_the_prepared_split(tmp_path):
     pipeline.train_iterator(config, workdir, tokenizer, num_shards=2)
     path = preparation.prepared_path(config, "train", tokenizer, workdir)
     assert prepared.open_sources(path) is None  # without dropout the split is as before
-    config.bpe_dropout = 0.1
+    config = dataclasses.replace(config, bpe_dropout=0.1)
     iterator = pipeline.train_iterator(config, workdir, tokenizer, num_shards=2)
     sources = prepared.open_sources(path)
     assert all(isinstance(a, np.memmap) for a in sources)

@@ -3,7 +3,6 @@
 as with that re-encode, resumes from a complete or partial epoch, old epochs removed, one
 copy shared (memory-mapped) by the processes of a host."""
 
-import copy
 import dataclasses
 import os
 import random
@@ -14,8 +13,8 @@ import pytest
 
 from transformer_jax.data import pipeline, preparation, prepared, resampled
 from transformer_jax.data.batching import Batcher, TrainIterator
+from transformer_jax.data.config import DataConfig
 from transformer_jax.data.resampled import ResampledEpochs
-from transformer_jax.training.schema import default_config
 
 DROPOUT, SEED, CHUNK = 0.1, 4, 700
 WORDS = "the a cat dog house tree runs sees big small red green Haus Katze Hund Baum".split()
@@ -30,9 +29,14 @@ def run(tmp_path_factory):
         for _ in range(2000):
             f.write(" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 20))) + "\n")
             g.write(" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 20))) + "\n")
-    config = default_config().data
-    config.update(source="text", text_dir=str(directory), tokens_per_batch=512, max_len=64)
-    config.update(bpe_dropout=DROPOUT, seed=SEED)
+    config = DataConfig(
+        source="text",
+        text_dir=str(directory),
+        tokens_per_batch=512,
+        max_len=64,
+        bpe_dropout=DROPOUT,
+        seed=SEED,
+    )
     workdir = str(directory / "run")
     tokenizer = preparation.get_tokenizer(config, workdir, 300)
     plain = pipeline.encoded_split(config, "train", tokenizer, workdir)
@@ -163,8 +167,8 @@ def test_the_processes_of_a_host_share_one_copy(run, tmp_path):
 
 
 def test_the_pipeline_resumes_a_bpe_dropout_run_exactly(run):
-    config, workdir, tokenizer = copy.deepcopy(run[0]), run[1], run[2]
-    config.update(packing=True, prepare_workers=2)
+    config, workdir, tokenizer = run[:3]
+    config = dataclasses.replace(config, packing=True, prepare_workers=2)
     whole = pipeline.train_iterator(config, workdir, tokenizer, num_shards=2)
     for _ in range(len(whole.batcher.kept) // 40):
         next(whole)

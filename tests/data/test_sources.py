@@ -8,13 +8,13 @@ import pytest
 import tensorflow_datasets as tfds
 
 from transformer_jax.data import sources
+from transformer_jax.data.config import DataConfig
 from transformer_jax.data.sources import (
     ReadCounts,
     load_pairs,
     stream_parallel_text,
     stream_tfds,
 )
-from transformer_jax.training.schema import default_config
 
 
 def read_parallel_text(src_path, tgt_path):
@@ -28,9 +28,7 @@ def read_tfds(name, split, src_lang, tgt_lang, data_dir=None):
 
 
 def data_config(**changes):
-    config = default_config().data
-    config.update(changes)
-    return config
+    return DataConfig(**changes)
 
 
 def write(path, data: bytes, compress=False):

@@ -11,6 +11,7 @@ from conftest import ROOT
 
 from transformer_jax.data import tokenizer as tk
 from transformer_jax.data.synthetic import synthetic_pairs
+from transformer_jax.ids import MIN_VOCAB_SIZE
 
 CORPUS = [s for pair in synthetic_pairs("validation") for s in pair] + [
     "Die Katze sieht den Hund.",
@@ -100,7 +101,7 @@ def test_unseen_characters_use_byte_fallback(tokenizer):
 
 def test_vocab_size_is_an_upper_bound_on_small_corpora(tmp_path):
     small = tk.train_tokenizer(["a b c", "a b d"], str(tmp_path / "t.model"), 5000)
-    assert tk.MIN_VOCAB_SIZE <= small.vocab_size < 5000
+    assert MIN_VOCAB_SIZE <= small.vocab_size < 5000
 
 
 def test_save_load_and_determinism(tokenizer, tmp_path):

@@ -13,7 +13,7 @@ from conftest import TINY_CONFIG
 from transformer_jax import Transformer, kernels, options
 from transformer_jax.kernels import precision
 from transformer_jax.training.loss import loss_and_metrics
-from transformer_jax.training.schema import default_config
+from transformer_jax.training.schema import RunConfig, default_config
 from transformer_jax.training.validation import validate_config
 
 CFG = TINY_CONFIG.replace(attention_dropout_rate=0.1)
@@ -139,16 +139,16 @@ def test_run_configs_that_cannot_work_are_refused_before_compiling():
     config.model.platform = "gpu"
     config.data.max_len = 100
     with pytest.raises(ValueError, match="data.max_len=100 must be a multiple of 8"):
-        validate_config(config)
+        validate_config(RunConfig.from_config(config))
     config.data.max_len = 96
-    assert validate_config(config).attention_impl == "cudnn"
+    assert validate_config(RunConfig.from_config(config)).attention_impl == "cudnn"
     config = default_config()
     config.data.source = "synthetic"
     config.model.update(kernels="xla", matmul_precision="bfloat16", platform="cpu")
     with pytest.raises(ValueError, match="does not train on XLA:CPU"):
-        validate_config(config)
+        validate_config(RunConfig.from_config(config))
     config.model.update(matmul_precision="float32", dtype="bfloat16")
     with pytest.raises(ValueError, match="does not train on XLA:CPU"):
-        validate_config(config)
+        validate_config(RunConfig.from_config(config))
     config.model.kernels = "auto"
-    assert validate_config(config).kernel_set == "cpu"
+    assert validate_config(RunConfig.from_config(config)).kernel_set == "cpu"

@@ -10,9 +10,8 @@ import pytest
 from conftest import TINY_CONFIG
 
 from transformer_jax import Decoder, Encoder, Transformer, TransformerConfig
-from transformer_jax.model.config import from_config_dict
 from transformer_jax.model.layers import EncoderLayer
-from transformer_jax.training.schema import default_config
+from transformer_jax.training.schema import RunConfig, default_config
 
 TINY = TINY_CONFIG.replace(vocab_size=40, d_model=32, num_heads=4, d_ff=64)
 
@@ -304,13 +303,12 @@ def test_wrong_inputs_raise_value_error():
 
 
 def test_config_files_build_the_paper_models():
-    base = from_config_dict(default_config().model)
-    assert base == TransformerConfig()
-    with pytest.raises(ValueError, match="unknown model config fields"):
-        from_config_dict({"d_model": 512, "heads": 8})
+    assert RunConfig.from_config(default_config()).model == TransformerConfig()
+    with pytest.raises(ValueError, match="unknown config field model.heads"):
+        RunConfig.from_config({"model": {"d_model": 512, "heads": 8}})
     with pytest.raises(ValueError, match="dtype must be one of"):
-        from_config_dict({"dtype": "float8"})
-    assert from_config_dict({"dtype": "bfloat16"}).dtype == jnp.bfloat16
+        RunConfig.from_config({"model": {"dtype": "float8"}})
+    assert RunConfig.from_config({"model": {"dtype": "bfloat16"}}).model.dtype == jnp.bfloat16
 
 
 def test_a_smaller_target_vocabulary_is_the_first_rows_of_the_shared_one():

@@ -20,7 +20,7 @@ from absl import flags
 from conftest import ROOT, TINY_CONFIG
 
 import transformer_jax as tj
-from transformer_jax.cli.flags import define_config_flag, load_config
+from transformer_jax.cli.flags import define_config_flag, run_config
 from transformer_jax.inference import decoding
 from transformer_jax.model import registry, variants
 from transformer_jax.training.schema import help_text
@@ -99,7 +99,7 @@ def test_train_config_names_a_piece_its_config_file_registers(tmp_path):
     values = flags.FlagValues()
     define_config_flag(values, argv)
     values(argv)
-    model = validate_config(load_config(values))
+    model = validate_config(run_config(values))
     assert model.ffn == "test_file_glu"
     tree = jax.eval_shape(tj.Transformer(model).init, jax.random.key(0), SRC, TGT)["params"]
     assert set(tree["decoder"]["layer_0"]["ffn"]) == {"gate", "value", "out"}

@@ -20,6 +20,7 @@ import transformer_jax as tj
 from transformer_jax.analysis.introspection import attention_maps, hidden_states
 from transformer_jax.inference import decoding
 from transformer_jax.model import registry, variants
+from transformer_jax.training.schema import RunConfig
 
 CFG = TINY_CONFIG.replace(vocab_size=11, dropout_rate=0.0, max_len=24)
 SRC = jnp.array([[4, 5, 4, 5, 3], [5, 4, 3, 0, 0], [4, 3, 0, 0, 0]], jnp.int32)
@@ -272,7 +273,7 @@ def test_an_unknown_or_unfit_name_is_one_line(fields, match):
         BASE.replace(**fields)
     assert "\n" not in str(error.value)
     with pytest.raises(ValueError, match=match):  # as train.py reads config.model
-        tj.model.config.from_config_dict({**dataclasses.asdict(BASE), **fields})
+        RunConfig.from_config({"model": {**dataclasses.asdict(BASE), **fields}})
 
 
 @pytest.mark.parametrize(

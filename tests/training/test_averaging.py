@@ -9,19 +9,21 @@ import numpy as np
 import pytest
 
 from transformer_jax import Transformer
-from transformer_jax.model.config import TransformerConfig, from_config_dict
+from transformer_jax.model.config import TransformerConfig
 from transformer_jax.training.averaging import average_checkpoints, average_params
 from transformer_jax.training.checkpoints import CHECKPOINT_DIR, load_run, save_params
-from transformer_jax.training.schema import default_config
+from transformer_jax.training.schema import RunConfig, default_config
 
 
 def test_average_checkpoints_saves_the_mean_of_the_last_ones(tmp_path):
     workdir = str(tmp_path)
     config = default_config()
     config.model.update(d_model=8, num_heads=2, d_ff=16, num_encoder_layers=1)
-    config.model.update(num_decoder_layers=1, vocab_size=32, max_len=8)
+    config.model.update(num_decoder_layers=1, vocab_size=260, max_len=8)
+    config.data.max_len = 8
+    config = RunConfig.from_config(config)
     (tmp_path / "config.json").write_text(config.to_json())
-    model, src = Transformer(from_config_dict(config.model)), jnp.ones((1, 4), jnp.int32)
+    model, src = Transformer(config.model), jnp.ones((1, 4), jnp.int32)
     saved = {}
     for step in (1, 2, 3):
         saved[step] = nn.unbox(jax.device_get(model.init(jax.random.key(step), src, src)["params"]))

@@ -24,6 +24,7 @@ from transformer_jax.multihost.signals import Signals
 from transformer_jax.training import checkpoints, loop
 from transformer_jax.training.logs import read_metrics
 from transformer_jax.training.loop import train_and_evaluate
+from transformer_jax.training.schema import RunConfig
 from transformer_jax.training.validation import validate_config
 
 ROOT = str(REPO_ROOT)
@@ -60,7 +61,7 @@ def micro_config(tmp_path, steps=8, every=4):
 def prepared(tmp_path_factory):
     """A workdir holding the micro run's tokenizer and encoded splits, copied into others."""
     tmp = tmp_path_factory.mktemp("prepared")
-    config, _ = micro_config(tmp)
+    config = RunConfig.from_config(micro_config(tmp)[0])
     tokenizer = preparation.get_tokenizer(config.data, str(tmp), config.model.vocab_size)
     for split in ("train", "validation", "test"):
         pipeline.encoded_split(config.data, split, tokenizer, str(tmp))
@@ -133,7 +134,7 @@ def test_train_end_to_end_then_resume_says_complete(prepared, tmp_path, capsys):
     config.train.update(final_test=True, test_sentences=4, eval_sentences=4, samples=2)
     config.decode.beam_size = 1  # greedy: compiles faster; beam search has its own tests
     workdir = workdir_from(prepared, tmp_path / "run")
-    result = train_and_evaluate(config, workdir)
+    result = train_and_evaluate(RunConfig.from_config(config), workdir)
     out = capsys.readouterr().out
     assert result["complete"] and result["step"] == 6
     assert "evaluating step 6 on validation ..." in out and "evaluating step 6 on test" in out
@@ -162,7 +163,7 @@ def test_train_end_to_end_then_resume_says_complete(prepared, tmp_path, capsys):
     assert checkpoints.load_run(workdir, 3)[2] == 3
     with pytest.raises(ValueError, match="available steps"):
         checkpoints.load_run(workdir, 5)
-    again = train_and_evaluate(config, workdir)
+    again = train_and_evaluate(RunConfig.from_config(config), workdir)
     assert again == {"step": 6, "complete": True}
     out = capsys.readouterr().out
     assert "is complete" in out and "resuming" not in out
@@ -176,6 +177,7 @@ def test_a_target_vocabulary_of_the_first_pieces_trains_and_translates(tmp_path,
     config.model.tgt_vocab_size = 150
     config.train.update(eval_sentences=4)
     config.decode.beam_size = 1
+    config = RunConfig.from_config(config)
     workdir = str(tmp_path / "run")
     assert train_and_evaluate(config, workdir)["complete"]
     tokenizer = preparation.get_tokenizer(config.data, workdir, 300, 150)
@@ -195,7 +197,7 @@ def test_progress_bar_shows_a_loss_only_once_one_is_read(prepared, tmp_path, cap
     # Metrics are read one step late: step 1's bar has no loss to show yet, never "nan".
     config, _ = micro_config(tmp_path, steps=4, every=4)
     config.train.log_every = 4  # steps 1-3 set the bar's postfix
-    train_and_evaluate(config, workdir_from(prepared, tmp_path / "run"))
+    train_and_evaluate(RunConfig.from_config(config), workdir_from(prepared, tmp_path / "run"))
     err = capsys.readouterr().err
     assert "loss=nan" not in err and "loss=" in err and "lr=" in err
 
@@ -204,7 +206,7 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run_and_sigterm_saves(prep
     steps = 120
     config, config_path = micro_config(tmp_path, steps=steps, every=10)
     reference = workdir_from(prepared, tmp_path / "reference")
-    train_and_evaluate(config, reference)
+    train_and_evaluate(RunConfig.from_config(config), reference)
 
     workdir = workdir_from(prepared, tmp_path / "interrupted")
     ckpt = os.path.join(workdir, "checkpoints")
@@ -247,7 +249,7 @@ def test_the_first_record_after_a_resume_covers_the_whole_log_interval(
     config, _ = micro_config(tmp_path, steps=6, every=3)
     config.train.log_every = 2
     reference = workdir_from(prepared, tmp_path / "reference")
-    train_and_evaluate(config, reference)
+    train_and_evaluate(RunConfig.from_config(config), reference)
     workdir = workdir_from(prepared, tmp_path / "resumed")
     update = loop._Trainer.update
 
@@ -257,9 +259,9 @@ def test_the_first_record_after_a_resume_covers_the_whole_log_interval(
             os.kill(os.getpid(), signal.SIGTERM)
 
     monkeypatch.setattr(loop._Trainer, "update", update_then_sigterm)
-    assert train_and_evaluate(config, workdir)["step"] == 3
+    assert train_and_evaluate(RunConfig.from_config(config), workdir)["step"] == 3
     monkeypatch.setattr(loop._Trainer, "update", update)
-    assert train_and_evaluate(config, workdir)["complete"]
+    assert train_and_evaluate(RunConfig.from_config(config), workdir)["complete"]
 
     def records(path):
         kept = [r for r in read_metrics(path) if "loss" in r]
@@ -376,7 +378,7 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous(
 ):
     config, _ = micro_config(tmp_path, steps=4, every=2)
     workdir = workdir_from(prepared, tmp_path / "run")
-    train_and_evaluate(config, workdir)
+    train_and_evaluate(RunConfig.from_config(config), workdir)
     latest = os.path.join(workdir, "checkpoints", "4", "params")
     for root, dirs, files in os.walk(latest, topdown=False):  # damage the parameters
         for name in files:
@@ -390,7 +392,7 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous(
     unraisable = []
     monkeypatch.setattr(sys, "unraisablehook", lambda u: unraisable.append(u.exc_value))
     config.train.num_steps = 5
-    train_and_evaluate(config, workdir)
+    train_and_evaluate(RunConfig.from_config(config), workdir)
     time.sleep(0.5)  # the reads orbax abandoned end, and are collected
     gc.collect()
     out = capsys.readouterr().out
@@ -405,7 +407,7 @@ def test_non_finite_parameters_are_never_saved(prepared, tmp_path):
     config.train.learning_rate_scale = 1e30  # the first update blows the weights up
     workdir = workdir_from(prepared, tmp_path / "run")
     with pytest.raises(FloatingPointError, match=r"at step \d|after step \d") as info:
-        train_and_evaluate(config, workdir)
+        train_and_evaluate(RunConfig.from_config(config), workdir)
     saved = checkpoints.list_steps(workdir)
     for step in saved:
         params = checkpoints.load_run(workdir, step)[1]
@@ -437,7 +439,7 @@ def test_bad_config_values_name_the_field(tmp_path, field, value, message):
     section, name = field.split(".")
     config[section][name] = value
     with pytest.raises(ValueError, match=message):
-        validate_config(config)
+        validate_config(RunConfig.from_config(config))
 
 
 def test_a_run_refused_for_missing_data_leaves_no_workdir(tmp_path):
@@ -448,7 +450,7 @@ def test_a_run_refused_for_missing_data_leaves_no_workdir(tmp_path):
     config.data.update(src_lang="en", tgt_lang="de")
     workdir = tmp_path / "run"
     with pytest.raises(ValueError, match=r"missing text file .*train\.en"):
-        train_and_evaluate(config, str(workdir))
+        train_and_evaluate(RunConfig.from_config(config), str(workdir))
     assert not workdir.exists()
 
 
@@ -524,6 +526,6 @@ def test_tfds_source_end_to_end_with_mock_data(tmp_path, monkeypatch):
     config.train.update(final_test=True, test_sentences=2, samples=1)
     config.decode.update(beam_size=1)
     with tfds.testing.mock_data(num_examples=20):
-        result = train_and_evaluate(config, str(tmp_path / "run"))
+        result = train_and_evaluate(RunConfig.from_config(config), str(tmp_path / "run"))
     assert result["complete"] and np.isfinite(result["eval_loss"])
     assert np.isfinite(result["test_bleu"])

@@ -25,7 +25,7 @@ from transformer_jax.training.config import PARALLEL_KINDS, parse_rules
 from transformer_jax.training.logs import read_metrics
 from transformer_jax.training.mesh import RULES, make_parallel, mesh_shape
 from transformer_jax.training.parallel import Parallel
-from transformer_jax.training.schema import default_config
+from transformer_jax.training.schema import RunConfig, default_config
 from transformer_jax.training.validation import validate_config
 
 NAMES = {"vocab", "embed", "heads", "kv", "mlp", "length", "layers"}
@@ -198,10 +198,10 @@ def test_mesh_model_must_divide_the_devices():
     config = default_config()
     config.train.update(parallel="mesh", mesh_model=jax.device_count() + 1)
     with pytest.raises(ValueError, match="train.mesh_model=.* must divide"):
-        validate_config(config)
+        validate_config(RunConfig.from_config(config))
     config.train.mesh_model = 0
     with pytest.raises(ValueError, match="train.mesh_model must be a positive integer, got 0"):
-        validate_config(config)
+        validate_config(RunConfig.from_config(config))
 
 
 def test_make_parallel_gives_one_class_per_strategy():
@@ -219,7 +219,7 @@ def test_logical_axis_rules_are_checked_in_one_line():
     for bad in ("embed=fsdp", "embed", "embed=data,embed=model"):
         config.train.logical_axis_rules = bad
         with pytest.raises(ValueError, match="train.logical_axis_rules must be comma-separated"):
-            validate_config(config)
+            validate_config(RunConfig.from_config(config))
 
 
 def test_no_context_variable_and_no_private_attributes_read_across_objects():

@@ -30,6 +30,7 @@ from transformer_jax.training import checkpoints, loop, run
 from transformer_jax.training.averaging import average_checkpoints
 from transformer_jax.training.logs import read_metrics
 from transformer_jax.training.run import CONFIG_HISTORY_FILE
+from transformer_jax.training.schema import RunConfig
 from transformer_jax.training.validation import validate_config
 from transformer_jax.training.workdir import prepare_workdir
 
@@ -51,7 +52,7 @@ def trained(prepared, tmp_path_factory):  # noqa: F811
     tmp = tmp_path_factory.mktemp("trained")
     config, _ = micro_config(tmp, steps=4, every=2)
     workdir = workdir_from(prepared, tmp / "run")
-    loop.train_and_evaluate(config, workdir)
+    loop.train_and_evaluate(RunConfig.from_config(config), workdir)
     return config, workdir
 
 
@@ -67,7 +68,7 @@ def test_a_config_change_is_refused_before_anything_is_written(trained, tmp_path
     config = config.copy_and_resolve_references()
     config.model[field] = value
     with pytest.raises(ValueError, match=rf"model\.{field}: .* -> .*Nothing was changed"):
-        loop.train_and_evaluate(config, workdir)
+        loop.train_and_evaluate(RunConfig.from_config(config), workdir)
     assert snapshot(workdir) == before
 
 
@@ -90,9 +91,9 @@ def test_a_field_the_saved_config_lacks_counts_as_its_default(trained, tmp_path,
     changed = config.copy_and_resolve_references()
     changed[section][name] = value
     with pytest.raises(ValueError, match=rf"{field}: 0\.0 -> 0\.1.*Nothing was changed"):
-        loop.train_and_evaluate(changed, workdir)
+        loop.train_and_evaluate(RunConfig.from_config(changed), workdir)
     assert snapshot(workdir) == before
-    assert run.check_resumable(config, workdir) == saved
+    assert run.check_resumable(RunConfig.from_config(config), workdir) == saved
 
 
 def test_a_resumable_change_is_recorded_and_config_json_follows(trained, tmp_path):
@@ -101,7 +102,7 @@ def test_a_resumable_change_is_recorded_and_config_json_follows(trained, tmp_pat
     shutil.copytree(original, workdir)
     config = config.copy_and_resolve_references()
     config.train.num_steps = 5
-    result = loop.train_and_evaluate(config, workdir)
+    result = loop.train_and_evaluate(RunConfig.from_config(config), workdir)
     assert result["step"] == 5
     assert json.load(open(os.path.join(workdir, "config.json")))["train"]["num_steps"] == 5
     (record,) = [json.loads(line) for line in open(os.path.join(workdir, CONFIG_HISTORY_FILE))]
@@ -116,7 +117,7 @@ def test_a_checkpoint_of_other_shapes_is_a_mismatch_not_unreadable(trained, tmp_
     config = config.copy_and_resolve_references()
     config.model.d_ff = 128
     with pytest.raises(checkpoints.CheckpointMismatch, match="shape"):
-        loop.train_and_evaluate(config, workdir)
+        loop.train_and_evaluate(RunConfig.from_config(config), workdir)
     assert checkpoints.list_steps(workdir) == [2, 4]
     assert not any(
         "unreadable" in name for name in os.listdir(os.path.join(workdir, "checkpoints"))
@@ -146,7 +147,7 @@ def test_a_flipped_bit_is_caught_and_the_previous_checkpoint_used(trained, tmp_p
     shutil.copytree(original, workdir)
     flip_a_bit(os.path.join(workdir, "checkpoints", "4", "params"))
     capsys.readouterr()
-    loop.train_and_evaluate(config, workdir)
+    loop.train_and_evaluate(RunConfig.from_config(config), workdir)
     out = capsys.readouterr().out
     assert "checkpoint 4 in" in out and "is unreadable" in out, out
     assert "resuming from the checkpoint at step 2" in out
@@ -179,7 +180,7 @@ def test_a_second_writer_gets_the_holders_pid(trained, tmp_path):
     try:
         before = snapshot(workdir)
         with pytest.raises(ValueError, match=rf"in use by another process \(pid {holder.pid}"):
-            loop.train_and_evaluate(config, workdir)
+            loop.train_and_evaluate(RunConfig.from_config(config), workdir)
         with pytest.raises(ValueError, match=rf"pid {holder.pid}"):
             average_checkpoints(workdir, 2)
         assert snapshot(workdir) == before
@@ -194,15 +195,15 @@ def test_non_finite_numbers_and_pad_id_are_refused(tmp_path):
     config, _ = micro_config(tmp_path)
     config.train.learning_rate_scale = float("inf")
     with pytest.raises(ValueError, match="train.learning_rate_scale must be a finite number"):
-        validate_config(config)
+        validate_config(RunConfig.from_config(config))
     config, _ = micro_config(tmp_path)
     config.model.dropout_rate = float("nan")
     with pytest.raises(ValueError, match="model.dropout_rate must be a finite number"):
-        validate_config(config)
+        validate_config(RunConfig.from_config(config))
     config, _ = micro_config(tmp_path)
     config.model.pad_id = 5
     with pytest.raises(ValueError, match="model.pad_id=5 must be 0"):
-        validate_config(config)
+        validate_config(RunConfig.from_config(config))
 
 
 def write_text_split(directory, split, pairs):
@@ -221,13 +222,13 @@ def test_an_empty_eval_split_fails_before_the_first_step(prepared, tmp_path):  #
     config.data.update(source="text", text_dir=str(text))
     workdir = workdir_from(prepared, tmp_path / "run")
     with pytest.raises(ValueError, match="data.eval_split='validation' has no pair"):
-        loop.train_and_evaluate(config, workdir)
+        loop.train_and_evaluate(RunConfig.from_config(config), workdir)
     write_text_split(text, "validation", synthetic_pairs("validation")[:5])
     with open(text / "test.en", "a") as f:  # the test split, needed only at the end
         f.write("one line too many\n")
     config.train.final_test = True
     with pytest.raises(ValueError, match="test.en has 6 lines"):
-        loop.train_and_evaluate(config, workdir)
+        loop.train_and_evaluate(RunConfig.from_config(config), workdir)
     assert not os.path.exists(os.path.join(workdir, "checkpoints", "1"))
     assert not os.path.exists(os.path.join(workdir, "metrics.jsonl"))
 
@@ -292,7 +293,7 @@ def test_ctrl_c_saves_a_checkpoint_like_sigterm(prepared, tmp_path, monkeypatch)
     config, _ = micro_config(tmp_path, steps=50, every=50)
     workdir = workdir_from(prepared, tmp_path / "run")
     interrupt_at(monkeypatch, {3})
-    result = loop.train_and_evaluate(config, workdir)
+    result = loop.train_and_evaluate(RunConfig.from_config(config), workdir)
     assert not result["complete"] and result["stopped_by"] == "SIGINT"
     assert 3 <= result["step"] <= 4  # the signal is acted on at the next step boundary
     assert checkpoints.list_steps(workdir) == [result["step"]]
@@ -303,7 +304,7 @@ def test_a_second_ctrl_c_stops_at_once(prepared, tmp_path, monkeypatch):  # noqa
     workdir = workdir_from(prepared, tmp_path / "run")
     interrupt_at(monkeypatch, {2, 3})
     with pytest.raises(KeyboardInterrupt):
-        loop.train_and_evaluate(config, workdir)
+        loop.train_and_evaluate(RunConfig.from_config(config), workdir)
 
 
 @pytest.mark.slow
@@ -349,7 +350,7 @@ def test_truncated_files_are_one_line_or_rebuilt(prepared, tmp_path, capsys):  #
     tokenizer_path.write_bytes((prepared / "tokenizer.model").read_bytes()[:500])
     with pytest.raises(ValueError, match="tokenizer.model is not a sentencepiece model"):
         load_tokenizer(str(tokenizer_path))
-    config, _ = micro_config(tmp_path)
+    config = RunConfig.from_config(micro_config(tmp_path)[0])
     workdir = workdir_from(prepared, tmp_path / "run")
     tokenizer = load_tokenizer(os.path.join(workdir, "tokenizer.model"))
     cache = os.path.join(workdir, "data_cache")
@@ -385,5 +386,5 @@ def test_a_failed_save_is_reported_at_once(trained, tmp_path, monkeypatch):
     monkeypatch.setattr(ocp.CheckpointManager, "save", save_then_fail)
     monkeypatch.setattr(ocp.CheckpointManager, "check_for_errors", check_for_errors)
     with pytest.raises(OSError, match="saving checkpoint 8 .* No space left on device"):
-        loop.train_and_evaluate(config, workdir)
+        loop.train_and_evaluate(RunConfig.from_config(config), workdir)
     assert max(losses(workdir)) < 12  # stopped at the step after the failed save

@@ -2,8 +2,6 @@
 ``*_block/LayerNorm_0`` or ``RMSNorm_0``, now ``*_block/norm``) resume and load as today's
 trees (:mod:`transformer_jax.training.upgrade`); what is saved now keeps today's names."""
 
-import json
-
 import flax.linen as nn
 import jax
 import numpy as np
@@ -22,7 +20,7 @@ from transformer_jax.training.schema import default_config
 from transformer_jax.training.steps import create_train_state
 from transformer_jax.training.upgrade import saved_layout, upgrade
 
-SIZES = dict(vocab_size=16, d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1)
+SIZES = dict(vocab_size=260, d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1)
 CFG = TransformerConfig(num_decoder_layers=1, max_len=32, **SIZES)
 
 
@@ -90,7 +88,8 @@ def test_an_old_checkpoint_resumes_and_saves_todays_names(tmp_path):
 def test_an_old_workdir_loads_its_checkpoints_and_averaged_parameters(tmp_path):
     config = default_config()
     config.model.update(num_decoder_layers=1, max_len=32, **SIZES)
-    (tmp_path / CONFIG_FILE).write_text(config.to_json())
+    config.data.max_len = 32
+    (tmp_path / CONFIG_FILE).write_text(config.to_json(indent=2))
     params = params_of()
     before = Checkpointer(str(tmp_path), keep=3)
     before.save_state(state_of(as_before(params), step=2), {"position": 2})
@@ -100,5 +99,5 @@ def test_an_old_workdir_loads_its_checkpoints_and_averaged_parameters(tmp_path):
 
     for checkpoint in ("latest", "averaged"):
         saved, restored, step = load_run(str(tmp_path), checkpoint)
-        assert step == 2 and json.loads(saved.to_json())["model"]["d_model"] == 16
+        assert step == 2 and saved.model.d_model == 16
         assert_same(jax.device_get(restored), params)

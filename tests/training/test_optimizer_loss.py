@@ -20,7 +20,7 @@ from transformer_jax.training.optimizer import (
     with_cooldown,
 )
 from transformer_jax.training.run import init_state, run_schedule
-from transformer_jax.training.schema import default_config
+from transformer_jax.training.schema import RunConfig, default_config
 from transformer_jax.training.steps import apply_gradients, create_train_state
 from transformer_jax.training.validation import validate_config
 
@@ -74,6 +74,7 @@ def test_a_training_runs_updates_follow_train_cooldown_steps():
     config.train.update(num_steps=4, warmup_steps=2, cooldown_steps=3)
     plain = config.copy_and_resolve_references()
     plain.train.cooldown_steps = 0
+    plain, config = RunConfig.from_config(plain), RunConfig.from_config(config)
     model_config = validate_config(config)
     states = [init_state(model_config, c) for c in (plain, config)]
     grads = jax.tree.map(jnp.ones_like, states[0].params)

@@ -14,6 +14,7 @@ from transformer_jax.training.logs import read_metrics
 from transformer_jax.training.loop import WINDOW_KEY, train_and_evaluate
 from transformer_jax.training.prefetch import StepBatches
 from transformer_jax.training.run import start_run
+from transformer_jax.training.schema import RunConfig
 from transformer_jax.training.validation import validate_config
 
 
@@ -88,12 +89,13 @@ def test_a_negative_prefetch_depth_names_the_field(tmp_path):
     config, _ = micro_config(tmp_path)
     config.train.prefetch = -1
     with pytest.raises(ValueError, match=r"^train.prefetch must be an integer >= 0, got -1$"):
-        validate_config(config)
+        validate_config(RunConfig.from_config(config))
 
 
 def test_the_checkpoint_holds_the_state_after_the_consumed_micro_batches(prepared, tmp_path):  # noqa: F811
     config, _ = micro_config(tmp_path, steps=3, every=3)
     config.train.update(grad_accum_steps=2, prefetch=2)
+    config = RunConfig.from_config(config)
     workdir = workdir_from(prepared, tmp_path / "run")
     result = train_and_evaluate(config, workdir)
     assert result["complete"] and result["step"] == 3

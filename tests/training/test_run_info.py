@@ -19,6 +19,7 @@ from transformer_jax.training.logs import (
     write_run_info,
 )
 from transformer_jax.training.loop import train_and_evaluate
+from transformer_jax.training.schema import RunConfig
 
 
 def _config(steps: int):
@@ -43,7 +44,7 @@ def test_run_info_counts_pairs_batches_and_tokens_with_their_eos():
     batcher = Batcher(pairs, tokens_per_batch=8, max_len=4)
     config = _config(steps=1)
     config.data.max_len = 4
-    info = run_info(config, 300, TrainIterator(batcher), "float32")
+    info = run_info(RunConfig.from_config(config), 300, TrainIterator(batcher), "float32")
     assert info["train_pairs"] == 2 and info["dropped_too_long"] == 1 and info["max_len"] == 4
     assert info["source_tokens_per_epoch"] == (2 + 1) + (1 + 1)
     assert info["target_tokens_per_epoch"] == (3 + 1) + (2 + 1)
@@ -96,7 +97,7 @@ def test_the_loop_writes_what_it_prints_and_a_resume_keeps_it(
     workdir = str(tmp_path / "run")
     config = _config(steps=1)
     config.model.matmul_precision = "auto"
-    assert train_and_evaluate(config, workdir)["complete"]
+    assert train_and_evaluate(RunConfig.from_config(config), workdir)["complete"]
     info = read_run_info(workdir)
     assert info["matmul_precision"] == "float32"
     with open(os.path.join(workdir, "config.json")) as f:
@@ -106,5 +107,5 @@ def test_the_loop_writes_what_it_prints_and_a_resume_keeps_it(
     assert info["target_tokens_per_epoch"] > info["train_pairs"]  # at least one piece + EOS
     assert 0 < info["vocab_size"] <= 300
     config.train.num_steps = 2
-    assert train_and_evaluate(config, workdir)["step"] == 2  # resumed
+    assert train_and_evaluate(RunConfig.from_config(config), workdir)["step"] == 2  # resumed
     assert read_run_info(workdir) == info

@@ -15,6 +15,7 @@ from transformer_jax.ids import BOS_ID, EOS_ID
 from transformer_jax.model.transformer import Decoder
 from transformer_jax.training import schema
 from transformer_jax.training.optimizer import transformer_optimizer, transformer_schedule
+from transformer_jax.training.schema import RunConfig
 from transformer_jax.training.steps import (
     accumulate_gradients,
     apply_gradients,
@@ -130,4 +131,4 @@ def test_bad_convention_in_the_run_config_names_the_field():
     config = schema.default_config()
     config.train.label_smoothing_convention = "pytorch"
     with pytest.raises(ValueError, match="train.label_smoothing_convention"):
-        validate_config(config)
+        validate_config(RunConfig.from_config(config))

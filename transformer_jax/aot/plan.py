@@ -38,13 +38,11 @@ JSON-able dict:
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
 from transformer_jax.analysis.costs import training_flops
@@ -66,6 +64,7 @@ from transformer_jax.aot.programs import (
 )
 from transformer_jax.data.grouping import batch_rows
 from transformer_jax.model.config import TransformerConfig
+from transformer_jax.training.schema import RunConfig
 from transformer_jax.training.validation import validate_config
 
 FIT_FACTOR = 4  # the fit's second compile has this many times the run's rows
@@ -166,7 +165,7 @@ def _fit(
 
 
 def make_plan(
-    config: ml_collections.ConfigDict,
+    config: RunConfig,
     gpu_name: str,
     topology: str,
     *,
@@ -182,8 +181,7 @@ def make_plan(
     hosts = parse_topology(topology)[0]
     if not 0 < memory_fraction <= 1:
         raise ValueError(f"--memory_fraction must be in (0, 1], got {memory_fraction!r}")
-    config = copy.deepcopy(config)
-    config.model.platform = "gpu"
+    config = config.replace(model=config.model.replace(platform="gpu"))
     model = validate_config(config)
     devices = gpu_devices(gpu, topology)
     n = len(devices)

@@ -21,7 +21,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 from jax.experimental import topologies
 from jax.sharding import SingleDeviceSharding
@@ -34,6 +33,7 @@ from transformer_jax.model.transformer import Transformer
 from transformer_jax.training.mesh import make_parallel
 from transformer_jax.training.parallel import Parallel, spec
 from transformer_jax.training.run import new_state
+from transformer_jax.training.schema import RunConfig
 
 PLUGIN = "jax_plugins.xla_cuda12"
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
@@ -159,14 +159,12 @@ def gpu_model_config(model: TransformerConfig) -> TransformerConfig:
     return model.replace(platform="gpu")
 
 
-def abstract_state(model: TransformerConfig, config: ml_collections.ConfigDict) -> Any:
+def abstract_state(model: TransformerConfig, config: RunConfig) -> Any:
     """The train state's shapes and dtypes (nothing is made)."""
     return jax.eval_shape(lambda: new_state(model, config))
 
 
-def parallel_on(
-    model: TransformerConfig, config: ml_collections.ConfigDict, devices: list[Any]
-) -> Parallel:
+def parallel_on(model: TransformerConfig, config: RunConfig, devices: list[Any]) -> Parallel:
     """``train.parallel``'s strategy on ``devices``, as ``train.py`` makes it."""
     return make_parallel(
         config.train.parallel,
@@ -181,7 +179,7 @@ def parallel_on(
 
 def train_program(
     model: TransformerConfig,
-    config: ml_collections.ConfigDict,
+    config: RunConfig,
     devices: list[Any],
     rows: int,
     length: int,
@@ -195,9 +193,7 @@ def train_program(
     return compile_program(program.fn, *program.args)
 
 
-def device_state(
-    model: TransformerConfig, config: ml_collections.ConfigDict, devices: list[Any]
-) -> Any:
+def device_state(model: TransformerConfig, config: RunConfig, devices: list[Any]) -> Any:
     """:func:`abstract_state` placed as ``train.parallel``'s strategy places it on
     ``devices`` (each device's share: the whole state for pmap / shard_map, which copy it)."""
     return parallel_on(model, config, devices).state_specs(abstract_state(model, config))
@@ -205,7 +201,7 @@ def device_state(
 
 def decode_program(
     model: TransformerConfig,
-    config: ml_collections.ConfigDict,
+    config: RunConfig,
     device: Any,
     batch: int,
     src_len: int,

@@ -12,6 +12,7 @@ from absl import flags
 
 from transformer_jax.cli.flags import define_cache_flags
 from transformer_jax.inference.config import PAPER
+from transformer_jax.training.schema import RunConfig
 
 
 def define_decode_flags(values: flags.FlagValues) -> None:
@@ -55,13 +56,12 @@ def define_decode_flags(values: flags.FlagValues) -> None:
     define_cache_flags(values)
 
 
-def decode_options(values: flags.FlagValues, run: Any) -> dict[str, Any]:
+def decode_options(values: flags.FlagValues, run: RunConfig) -> dict[str, Any]:
     """translate_lines keyword arguments: the flags, else the run's config.decode."""
-    decode = run.get("decode", {})
 
     def pick(name: str) -> Any:
         given = values[name].value
-        return given if given is not None else decode.get(name, getattr(PAPER, name))
+        return given if given is not None else getattr(run.decode, name)
 
     return {
         "beam_size": pick("beam_size"),
@@ -72,7 +72,9 @@ def decode_options(values: flags.FlagValues, run: Any) -> dict[str, Any]:
     }
 
 
-def translate(values: flags.FlagValues, lines: list[str]) -> tuple[Any, dict[str, Any], list[str]]:
+def translate(
+    values: flags.FlagValues, lines: list[str]
+) -> tuple[RunConfig, dict[str, Any], list[str]]:
     """``lines`` translated with the runs and decoding flags of ``values``: ``(the first
     run's config, the decoding options used, the translations)``. The library's warnings
     are ``WARNING: message`` lines on stderr."""

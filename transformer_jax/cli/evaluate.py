@@ -67,7 +67,7 @@ def _evaluate(values: flags.FlagValues, positional: list[str]) -> None:
     if not sources:
         raise ValueError(f"{values.src} is empty: there is nothing to evaluate")
     run_config, options, hypotheses = translate(values, sources)
-    lang = run_config.get("data", {}).get("tgt_lang", "de")
+    lang = run_config.data.tgt_lang
     scores = report(hypotheses, references, lang)
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out, "w", encoding="utf-8") as f:

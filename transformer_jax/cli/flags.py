@@ -203,12 +203,23 @@ def load_config(values: flags.FlagValues) -> ml_collections.ConfigDict:
     return config
 
 
+def run_config(values: flags.FlagValues, **changes: dict) -> schema.RunConfig:
+    """The run config of ``--config`` with its overrides and ``changes`` (``{section:
+    {field: value}}``), checked (:class:`transformer_jax.training.schema.RunConfig`): what
+    the command passes to the library."""
+    config = load_config(values).to_dict()
+    for section, fields in changes.items():
+        config[section] |= fields
+    return schema.RunConfig.from_config(config)
+
+
 def config_and_workdir(
-    values: flags.FlagValues, positional: list[str]
-) -> tuple[ml_collections.ConfigDict, str]:
-    """The config and workdir of the parsed flags (``--workdir``, else runs/<config name>)."""
+    values: flags.FlagValues, positional: list[str], **changes: dict
+) -> tuple[schema.RunConfig, str]:
+    """The run config (:func:`run_config`) and workdir of the parsed flags (``--workdir``,
+    else runs/<config name>)."""
     no_arguments(positional)
-    config = load_config(values)
+    config = run_config(values, **changes)
     name = os.path.splitext(os.path.basename(config_path(values)))[0]
     return config, values.workdir or os.path.join("runs", name)
 

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from absl import flags
 
 from transformer_jax.aot.gpus import DEFAULT_MEMORY_FRACTION, GPUS
-from transformer_jax.cli.flags import Failure, define_config_flag, load_config, no_arguments, run
+from transformer_jax.cli.flags import Failure, define_config_flag, no_arguments, run, run_config
 
 
 def define_flags(values: flags.FlagValues, argv: list[str]) -> None:
@@ -46,7 +46,7 @@ def _plan(values: flags.FlagValues, positional: list[str]) -> None:
     from transformer_jax.compilation_cache import use_compilation_cache
 
     no_arguments(positional)
-    config = load_config(values)
+    config = run_config(values)
     folder = os.path.dirname(os.path.abspath(values.json)) if values.json else None
     if folder and not os.path.isdir(folder):  # before minutes of compiling
         raise Failure(f"--json: folder {folder!r} does not exist")

@@ -58,11 +58,9 @@ def _prepare(values: flags.FlagValues, positional: list[str]) -> None:
     from transformer_jax.data.preparation import prepare_run_data, run_splits
     from transformer_jax.training.validation import validate_config
 
-    config, workdir = config_and_workdir(values, positional)
-    if values.data_dir is not None:
-        config.data.data_dir = values.data_dir
-    if values.workers is not None:
-        config.data.prepare_workers = values.workers
+    flagged = {"data_dir": values.data_dir, "prepare_workers": values.workers}
+    data = {name: value for name, value in flagged.items() if value is not None}
+    config, workdir = config_and_workdir(values, positional, data=data)
     model_config = validate_config(config)  # before anything is written
     splits = run_splits(config.data, config.train.final_test)
     previous = signal.signal(signal.SIGTERM, _stopped)  # the workers stopped, then one line

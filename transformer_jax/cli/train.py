@@ -37,7 +37,6 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import ml_collections
 from absl import flags, logging
 
 from transformer_jax.cli.flags import (
@@ -50,6 +49,7 @@ from transformer_jax.cli.flags import (
     run,
 )
 from transformer_jax.multihost.preemption import exit_on_sigterm
+from transformer_jax.training.schema import RunConfig
 
 _STOPPED = {"SIGTERM": EXIT_PREEMPTED, "SIGINT": EXIT_INTERRUPTED}
 
@@ -150,7 +150,7 @@ def _train(values: flags.FlagValues, positional: list[str]) -> int:
             process_id=values.process_id,
         )
         if multihost:
-            peers.agree(config, values.num_processes, values.initialization_timeout)
+            peers.agree(config.to_dict(), values.num_processes, values.initialization_timeout)
             stop_watching = peers.watch(values.peer_timeout)
         result = _run(config, workdir)
     except (ValueError, FloatingPointError, OSError, RuntimeError) as e:
@@ -172,7 +172,7 @@ def _train(values: flags.FlagValues, positional: list[str]) -> int:
     return 0
 
 
-def _run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+def _run(config: RunConfig, workdir: str) -> dict[str, Any]:
     """train_and_evaluate, the workdir named before and after (by process 0)."""
     import jax
 

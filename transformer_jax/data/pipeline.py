@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any
 
 import jax
 
 from transformer_jax.data.batching import Batch, Batcher, EncodedPairs, TrainIterator, eval_batches
+from transformer_jax.data.config import DataConfig
 from transformer_jax.data.preparation import (
     CACHE_DIR,
     prepare_split,
@@ -28,7 +28,9 @@ from transformer_jax.data.sources import ReadCounts
 from transformer_jax.data.tokenizer import Tokenizer
 
 
-def encoded_split(data_config: Any, split: str, tokenizer: Tokenizer, workdir: str) -> EncodedPairs:
+def encoded_split(
+    data_config: DataConfig, split: str, tokenizer: Tokenizer, workdir: str
+) -> EncodedPairs:
     """Token ids of all pairs of ``split``, memory-mapped from its prepared directory
     (prepared first if absent); ``read_counts`` holds what reading skipped or replaced."""
     path = prepare_split(data_config, split, tokenizer, workdir)
@@ -39,7 +41,7 @@ def encoded_split(data_config: Any, split: str, tokenizer: Tokenizer, workdir: s
 
 
 def make_batcher(
-    data_config: Any, encoded: EncodedPairs, num_shards: int, packing: bool | None = None
+    data_config: DataConfig, encoded: EncodedPairs, num_shards: int, packing: bool | None = None
 ) -> Batcher:
     """A :class:`Batcher` from ``config.data``; this process's share of each batch."""
     return Batcher(
@@ -54,7 +56,7 @@ def make_batcher(
 
 
 def train_iterator(
-    data_config: Any,
+    data_config: DataConfig,
     workdir: str,
     tokenizer: Tokenizer,
     num_shards: int,
@@ -83,7 +85,11 @@ def train_iterator(
 
 
 def eval_split_batches(
-    data_config: Any, workdir: str, tokenizer: Tokenizer, num_shards: int, split: str | None = None
+    data_config: DataConfig,
+    workdir: str,
+    tokenizer: Tokenizer,
+    num_shards: int,
+    split: str | None = None,
 ) -> tuple[list[Batch], dict[str, int]]:
     """Every pair of ``split`` (default ``data.eval_split``) once, batched like training
     (packed or bucketed), and the counts of pairs kept and dropped as too long."""

@@ -37,6 +37,7 @@ import numpy as np
 from tqdm import tqdm
 
 from transformer_jax.data.batching import EncodedPairs
+from transformer_jax.data.config import DataConfig
 from transformer_jax.data.prepared import (
     CHUNK_PAIRS,
     DamagedSplit,
@@ -66,7 +67,7 @@ worker_state: dict[str, Any] = {"spools": {}}  # a worker process's tokenizer an
 
 
 def get_tokenizer(
-    data_config: Any, workdir: str, vocab_size: int, target_vocab_size: int | None = None
+    data_config: DataConfig, workdir: str, vocab_size: int, target_vocab_size: int | None = None
 ) -> Tokenizer:
     """``{workdir}/tokenizer.model``, trained on both sides of the training split if absent.
 
@@ -104,7 +105,7 @@ def _target_words(pairs: Iterable[Pair]) -> Counter[str]:
     return words
 
 
-def _origin(data_config: Any, split: str) -> dict[str, Any]:
+def _origin(data_config: DataConfig, split: str) -> dict[str, Any]:
     """What the pairs of ``split`` come from (text files by size and modification time)."""
     fields = ("source", "tfds_name", "text_dir", "src_lang", "tgt_lang")
     origin = {name: getattr(data_config, name) for name in fields}
@@ -120,18 +121,20 @@ def _key(origin: dict[str, Any]) -> str:
     return hashlib.sha1(json.dumps(origin, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def cache_dir(data_config: Any, workdir: str) -> str:
+def cache_dir(data_config: DataConfig, workdir: str) -> str:
     """Where a run's spools and prepared splits are: ``data.data_dir`` or its data_cache/."""
     return data_config.data_dir or os.path.join(workdir, CACHE_DIR)
 
 
-def spool_path(data_config: Any, split: str, workdir: str) -> str:
+def spool_path(data_config: DataConfig, split: str, workdir: str) -> str:
     """Where the pairs of a split read to train the tokenizer are kept for encoding."""
     name = f"{split}-{_key(_origin(data_config, split))}.spool"
     return os.path.join(cache_dir(data_config, workdir), name)
 
 
-def read_pairs(data_config: Any, split: str, workdir: str, counts: ReadCounts) -> Iterator[Pair]:
+def read_pairs(
+    data_config: DataConfig, split: str, workdir: str, counts: ReadCounts
+) -> Iterator[Pair]:
     """The pairs of ``split``: from its spool where there is one, else from the source."""
     spool = spool_path(data_config, split, workdir)
     if os.path.isdir(spool):
@@ -139,7 +142,7 @@ def read_pairs(data_config: Any, split: str, workdir: str, counts: ReadCounts) -
     return stream_pairs(data_config, split, counts)
 
 
-def prepared_path(data_config: Any, split: str, tokenizer: Tokenizer, workdir: str) -> str:
+def prepared_path(data_config: DataConfig, split: str, tokenizer: Tokenizer, workdir: str) -> str:
     """Where ``split`` is prepared: ``{data.data_dir or workdir/data_cache}/{split}-{key}``."""
     origin = _origin(data_config, split)
     origin.update(tokenizer=tokenizer.fingerprint)
@@ -155,7 +158,7 @@ def encode_pairs(tokenizer: Tokenizer, pairs: list[Pair], num_threads: int = -1)
     return EncodedPairs.from_lists(src, tgt)
 
 
-def workers(data_config: Any) -> int:
+def workers(data_config: DataConfig) -> int:
     """The processes that encode: ``data.prepare_workers``, or one per usable core."""
     return data_config.prepare_workers or len(os.sched_getaffinity(0))
 
@@ -230,7 +233,7 @@ def encode_chunks(
         pool.shutdown(cancel_futures=True)
 
 
-def _check_target_order(data_config: Any, tokenizer: Tokenizer, workdir: str) -> None:
+def _check_target_order(data_config: DataConfig, tokenizer: Tokenizer, workdir: str) -> None:
     """ValueError unless the tokenizer numbers its pieces for the target words of the
     training split (read before anything is written)."""
     words = _target_words(read_pairs(data_config, data_config.train_split, workdir, ReadCounts()))
@@ -244,7 +247,7 @@ def _check_target_order(data_config: Any, tokenizer: Tokenizer, workdir: str) ->
 
 
 def _chunks_of(
-    data_config: Any, split: str, workdir: str, counts: ReadCounts, chunk_pairs: int
+    data_config: DataConfig, split: str, workdir: str, counts: ReadCounts, chunk_pairs: int
 ) -> tuple[Callable[[int], Iterable[Chunk]], int | None]:
     """``chunks(done)``: the chunks of ``split`` after the first ``done`` (of its spool, or
     read from its source), filling ``counts``; and the lines they come from (or None)."""
@@ -266,7 +269,7 @@ def _chunks_of(
 
 
 def prepare_split(
-    data_config: Any,
+    data_config: DataConfig,
     split: str,
     tokenizer: Tokenizer,
     workdir: str,
@@ -314,7 +317,7 @@ def prepare_split(
 
 
 def prepared_sources(
-    data_config: Any, tokenizer: Tokenizer, workdir: str
+    data_config: DataConfig, tokenizer: Tokenizer, workdir: str
 ) -> tuple[np.ndarray, np.ndarray]:
     """The source sentences of the prepared training split (for BPE-dropout), memory-mapped;
     written into it first if absent."""
@@ -333,14 +336,18 @@ def prepared_sources(
     return sources
 
 
-def run_splits(data_config: Any, final_test: bool) -> list[str]:
+def run_splits(data_config: DataConfig, final_test: bool) -> list[str]:
     """The splits a run reads: training, dev, and test when ``train.final_test``."""
     test = [data_config.test_split] if final_test else []
     return [data_config.train_split, data_config.eval_split, *test]
 
 
 def prepare_data(
-    data_config: Any, workdir: str, tokenizer: Tokenizer, splits: list[str], rebuild: bool = False
+    data_config: DataConfig,
+    workdir: str,
+    tokenizer: Tokenizer,
+    splits: list[str],
+    rebuild: bool = False,
 ) -> None:
     """Prepare each of ``splits`` that is not prepared yet (with the training sources when
     ``data.bpe_dropout`` resamples them); with ``rebuild``, the damaged ones anew."""
@@ -351,7 +358,7 @@ def prepare_data(
 
 
 def prepare_run_data(
-    data_config: Any,
+    data_config: DataConfig,
     workdir: str,
     vocab_size: int,
     target_vocab_size: int | None,

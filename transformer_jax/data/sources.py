@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator
 from itertools import zip_longest
 from typing import Any
 
-from transformer_jax.data.config import SOURCES
+from transformer_jax.data.config import SOURCES, DataConfig
 from transformer_jax.data.download import tfds_build
 from transformer_jax.data.synthetic import synthetic_pairs
 
@@ -31,7 +31,7 @@ Pair = tuple[str, str]
 log = logging.getLogger(__name__)
 
 
-def stream_pairs(data_config: Any, split: str, counts: ReadCounts) -> Iterator[Pair]:
+def stream_pairs(data_config: DataConfig, split: str, counts: ReadCounts) -> Iterator[Pair]:
     """The (src_text, tgt_text) pairs of ``split`` from ``data_config.source``, in order.
 
     Pairs with an empty side are skipped and counted in ``counts`` (with the lines whose
@@ -52,13 +52,13 @@ def stream_pairs(data_config: Any, split: str, counts: ReadCounts) -> Iterator[P
             data_config.src_lang,
             data_config.tgt_lang,
             counts,
-            data_config.get("tfds_data_dir") or None,
+            data_config.tfds_data_dir or None,
         )
     else:
         raise ValueError(f"data.source must be one of {SOURCES}, got {source!r}")
 
 
-def count_pairs(data_config: Any, split: str) -> int | None:
+def count_pairs(data_config: DataConfig, split: str) -> int | None:
     """The number of lines or records of ``split`` (pairs before the empty ones are
     skipped), for a progress bar; None where unknown."""
     if data_config.source == "synthetic":
@@ -66,12 +66,12 @@ def count_pairs(data_config: Any, split: str) -> int | None:
     if data_config.source == "text":
         return count_lines(text_path(data_config.text_dir, split, data_config.src_lang)) or None
     if data_config.source == "tfds":
-        name, data_dir = data_config.tfds_name, data_config.get("tfds_data_dir") or None
+        name, data_dir = data_config.tfds_name, data_config.tfds_data_dir or None
         return len(_tfds_source(name, split, data_dir))
     return None
 
 
-def load_pairs(data_config: Any, split: str) -> list[Pair]:
+def load_pairs(data_config: DataConfig, split: str) -> list[Pair]:
     """All pairs of ``split`` (:func:`stream_pairs`) as a list; the skipped ones logged."""
     counts = ReadCounts()
     pairs = list(stream_pairs(data_config, split, counts))

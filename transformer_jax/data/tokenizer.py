@@ -23,11 +23,15 @@ import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2
 
 from transformer_jax.data.bpe_dropout import MergeTable
-from transformer_jax.ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from transformer_jax.ids import (
+    BOS_ID,
+    EOS_ID,
+    NUM_SPECIAL_IDS,
+    PAD_ID,
+    UNK_ID,
+    check_vocab_size,
+)
 
-NUM_SPECIAL_IDS = 4  # PAD, UNK, BOS, EOS: ids 0-3, before every piece
-# the specials + 256 byte-fallback pieces (+ the characters of the corpus)
-MIN_VOCAB_SIZE = NUM_SPECIAL_IDS + 256
 ORDER_CHUNK = 100_000  # distinct target words encoded at a time to count their pieces
 _Piece = sentencepiece_model_pb2.ModelProto.SentencePiece
 
@@ -161,15 +165,6 @@ def sample_indices(count: int, max_sentences: int, seed: int = 0) -> np.ndarray:
     if count <= max_sentences:
         return np.arange(count)
     return np.sort(np.random.default_rng(seed).choice(count, max_sentences, replace=False))
-
-
-def check_vocab_size(vocab_size: object) -> None:
-    """ValueError naming ``model.vocab_size`` if a tokenizer cannot have that many pieces."""
-    if not isinstance(vocab_size, int) or vocab_size < MIN_VOCAB_SIZE:
-        raise ValueError(
-            f"model.vocab_size must be an integer >= {MIN_VOCAB_SIZE} (4 special ids + 256 "
-            f"byte-fallback pieces), got {vocab_size!r}"
-        )
 
 
 def train_tokenizer(

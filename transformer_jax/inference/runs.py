@@ -9,14 +9,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from transformer_jax.data.tokenizer import Tokenizer, load_tokenizer
-from transformer_jax.model.config import TransformerConfig, from_config_dict
+from transformer_jax.model.config import TransformerConfig
 from transformer_jax.training.checkpoints import load_run, parse_checkpoint
-from transformer_jax.training.schema import resolve_auto
+from transformer_jax.training.schema import RunConfig, resolve_auto
 
 log = logging.getLogger(__name__)
 
 
-def load(workdir: str, checkpoint: str) -> tuple[Any, TransformerConfig, Any, Tokenizer]:
+def load(workdir: str, checkpoint: str) -> tuple[RunConfig, TransformerConfig, Any, Tokenizer]:
     """``(run config, model config, params, tokenizer)`` of a workdir; ValueError if absent.
 
     ``checkpoint`` is ``'latest'``, ``'averaged'``, a step number (as text) or
@@ -28,13 +28,13 @@ def load(workdir: str, checkpoint: str) -> tuple[Any, TransformerConfig, Any, To
     tokenizer = load_tokenizer(os.path.join(workdir, "tokenizer.model"))
     run, params, step = load_run(workdir, checkpoint)
     log.info("loaded %s checkpoint (step %d) from %s", checkpoint, step, workdir)
-    model = resolve_auto(from_config_dict(run.model))  # 'auto' choices: this host's
+    model = resolve_auto(run.model)  # 'auto' choices: this host's
     return run, model, params, Tokenizer(tokenizer.model_proto, model.tgt_vocab)
 
 
 def load_models(
     workdirs: Sequence[str], checkpoint: str
-) -> tuple[Any, TransformerConfig | list[TransformerConfig], Any, Tokenizer]:
+) -> tuple[RunConfig, TransformerConfig | list[TransformerConfig], Any, Tokenizer]:
     """:func:`load` of one workdir, or of several as an ensemble: ``(the first run's config,
     [model configs], [params], tokenizer)``; ValueError unless they share one tokenizer."""
     if len(workdirs) == 1:

@@ -301,16 +301,3 @@ class TransformerConfig:
 
     def replace(self, **changes: Any) -> TransformerConfig:
         return dataclasses.replace(self, **changes)
-
-
-def from_config_dict(model: Any) -> TransformerConfig:
-    """Build a ``TransformerConfig`` from the ``model`` part of an ml_collections config.
-
-    Unknown keys raise ``ValueError`` naming them and the allowed fields.
-    """
-    values = dict(model.to_dict() if hasattr(model, "to_dict") else model)
-    fields = {f.name for f in dataclasses.fields(TransformerConfig)}
-    unknown = sorted(set(values) - fields)
-    if unknown:
-        raise ValueError(f"unknown model config fields {unknown}; allowed: {sorted(fields)}")
-    return TransformerConfig(**values)

@@ -25,7 +25,10 @@ from __future__ import annotations
 import dataclasses
 import importlib
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # model.config imports this module
+    from transformer_jax.model.config import TransformerConfig
 
 FIELDS = {"ffn": "ffn", "norm": "norm_type", "positional": "positional", "attention": "attention"}
 ATTRIBUTES = {"ffn": "ffn", "norm": "norm", "positional": "score_fn", "attention": "attention"}
@@ -136,7 +139,7 @@ def _pieces(kind: str) -> dict[str, Piece]:
     return {**shipped, **_PIECES[kind]}
 
 
-def named(config: Any) -> dict[str, Piece]:
+def named(config: TransformerConfig) -> dict[str, Piece]:
     """The piece of each kind that ``config`` names."""
     return {kind: _pieces(kind)[getattr(config, field)] for kind, field in FIELDS.items()}
 
@@ -151,7 +154,7 @@ def _given(kind: str, build: Any, config_piece: Piece) -> Piece:
     return Piece(kind, name, build, config_piece.adds, registered=False)
 
 
-def resolve(config: Any, given: Mapping[str, Any]) -> dict[str, Piece]:
+def resolve(config: TransformerConfig, given: Mapping[str, Any]) -> dict[str, Piece]:
     """The piece of each kind: the one ``given`` (by module attribute name, e.g.
     ``{'score_fn': rope}``; None: not given), else the one ``config`` names; checked
     (:func:`check`)."""
@@ -163,7 +166,7 @@ def resolve(config: Any, given: Mapping[str, Any]) -> dict[str, Piece]:
     return pieces
 
 
-def check(config: Any, pieces: Mapping[str, Piece]) -> None:
+def check(config: TransformerConfig, pieces: Mapping[str, Piece]) -> None:
     """ValueError, in one line naming the piece, for the first piece whose needs ``config``
     does not meet: a score hook needs the reference attention (the fused ones compute the
     paper's scores), and each piece what it declared."""

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 from transformer_jax import kernels
 from transformer_jax.model import registry
 from transformer_jax.model.attention import ScoreFn, Where
-from transformer_jax.model.config import TransformerConfig, from_config_dict
+from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.embeddings import AddPositions, Embed, check_tokens
 from transformer_jax.model.layers import (
     FFN,
@@ -48,7 +48,7 @@ from transformer_jax.model.partitioning import LAYERS, constrain, logical
 
 Array = jax.Array
 
-__all__ = ["Decoder", "Encoder", "Transformer", "TransformerConfig", "from_config_dict"]
+__all__ = ["Decoder", "Encoder", "Transformer", "TransformerConfig"]
 
 
 def _embed(config: TransformerConfig, vocab_size: int, name: str) -> Embed:

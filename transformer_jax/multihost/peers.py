@@ -20,7 +20,6 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import ml_collections
 
 from transformer_jax.fields import flatten
 from transformer_jax.multihost.distributed import end
@@ -44,13 +43,13 @@ def _differences(mine: dict[str, Any], theirs: dict[str, Any], other: int) -> st
     return None
 
 
-def agree(config: ml_collections.ConfigDict, num_processes: int | None, timeout_s: float) -> None:
-    """ValueError naming the first launch argument that differs between this process and
+def agree(config: dict[str, Any], num_processes: int | None, timeout_s: float) -> None:
+    """ValueError naming the first launch argument (``config``: the run config's dict, its
+    ``to_dict()``) that differs between this process and
     process 0 (on process 0: any other), or a process that did not publish its own within
     ``timeout_s``. Every process calls it once, right after initialization."""
     client, me = global_state().client, jax.process_index()
-    config_json = json.loads(config.to_json())
-    mine = {"num_processes": num_processes or jax.process_count(), "config": config_json}
+    mine = {"num_processes": num_processes or jax.process_count(), "config": config}
     client.key_value_set(f"{_PREFIX}/launch/{me}", json.dumps(mine))
     others = range(1, jax.process_count()) if me == 0 else [0]
     for other in others:

@@ -17,11 +17,9 @@ import sys
 from typing import Any
 
 import jax
-import ml_collections
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
-from transformer_jax.model.config import from_config_dict
 from transformer_jax.model.transformer import parameter_shapes
 from transformer_jax.multihost.distributed import any_process
 from transformer_jax.training.integrity import (
@@ -32,7 +30,7 @@ from transformer_jax.training.integrity import (
     shapes,
     verify,
 )
-from transformer_jax.training.schema import resolve_auto
+from transformer_jax.training.schema import RunConfig, resolve_auto
 from transformer_jax.training.steps import TrainState
 from transformer_jax.training.upgrade import readable
 
@@ -348,13 +346,18 @@ def _restore_params(directory: str, step: int | None, expected: dict | None) -> 
         manager.close()
 
 
-def load_config(workdir: str) -> ml_collections.ConfigDict:
-    """The resolved run config saved by ``train.py`` in ``{workdir}/config.json``."""
+def load_config(workdir: str) -> RunConfig:
+    """The run config saved by ``train.py`` in ``{workdir}/config.json`` (a field it lacks,
+    saved before the field existed, takes its default); ValueError naming the file if it
+    cannot be read or a field is refused."""
     path = os.path.join(workdir, CONFIG_FILE)
     if not os.path.isfile(path):
         raise ValueError(f"{workdir!r} is not a training workdir: {path} is missing")
-    with open(path) as f:
-        return ml_collections.ConfigDict(json.load(f))
+    try:
+        with open(path) as f:
+            return RunConfig.from_config(json.load(f))
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: {e}") from None
 
 
 def parse_checkpoint(checkpoint: str | int) -> str | int:
@@ -373,9 +376,7 @@ def parse_checkpoint(checkpoint: str | int) -> str | int:
     )
 
 
-def load_run(
-    workdir: str, checkpoint: str | int = "latest"
-) -> tuple[ml_collections.ConfigDict, Any, int]:
+def load_run(workdir: str, checkpoint: str | int = "latest") -> tuple[RunConfig, Any, int]:
     """``(config, params, step)`` of a run: the ``'latest'`` checkpoint, a step number, the
     ``'averaged'`` parameters written by ``transformer_jax.average``, or
     ``'snapshots/STEP'``, parameters saved on SIGUSR1 (see ``training.loop``).
@@ -386,7 +387,7 @@ def load_run(
     """
     checkpoint = parse_checkpoint(checkpoint)
     config = load_config(workdir)
-    expected = shapes(parameter_shapes(resolve_auto(from_config_dict(config.model))))
+    expected = shapes(parameter_shapes(resolve_auto(config.model)))
     if checkpoint == "averaged":
         directory, step = os.path.join(workdir, AVERAGED_DIR), None
     elif checkpoint == "latest" or isinstance(checkpoint, int):

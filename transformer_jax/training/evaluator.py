@@ -6,15 +6,17 @@ from __future__ import annotations
 from typing import Any
 
 import jax
-import ml_collections
 
 from transformer_jax import data as data_lib
+from transformer_jax.data.tokenizer import Tokenizer
 from transformer_jax.inference.bleu import bleu
+from transformer_jax.inference.config import DecodeConfig
 from transformer_jax.inference.translation import translate_on_devices
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.training.logs import say
 from transformer_jax.training.loss import summarize
 from transformer_jax.training.parallel import Parallel
+from transformer_jax.training.schema import RunConfig
 
 Pair = tuple[str, str]
 
@@ -32,9 +34,9 @@ def evaluate_loss(dp: Parallel, params: Any, batches: list[dict]) -> dict[str, f
 def translate_and_score(
     model_config: TransformerConfig,
     device_params: list[Any],
-    tokenizer: Any,
+    tokenizer: Tokenizer,
     pairs: list[Pair],
-    decode: ml_collections.ConfigDict,
+    decode: DecodeConfig,
 ) -> tuple[float, list[str]]:
     """BLEU of the beam-search translations of ``pairs`` and the translations, decoded over
     the local devices and the processes (``inference.translation.translate_on_devices``)."""
@@ -60,8 +62,10 @@ def describe(step: int, split: str, record: dict[str, float]) -> str:
 class _Split:
     """Batches of every pair of one split and the pairs translated for BLEU."""
 
-    def __init__(self, config: Any, workdir: str, tokenizer: Any, num_shards: int, field: str):
-        split = config.data[field]
+    def __init__(
+        self, config: RunConfig, workdir: str, tokenizer: Tokenizer, num_shards: int, field: str
+    ):
+        split = getattr(config.data, field)
         self.batches, counts = data_lib.eval_split_batches(
             config.data, workdir, tokenizer, num_shards, split
         )
@@ -79,11 +83,11 @@ class Evaluator:
 
     def __init__(
         self,
-        config: ml_collections.ConfigDict,
+        config: RunConfig,
         workdir: str,
         dp: Parallel,
         model_config: TransformerConfig,
-        tokenizer: Any,
+        tokenizer: Tokenizer,
     ):
         self.config, self.dp, self.model_config, self.tokenizer = (
             config,

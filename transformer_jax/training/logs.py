@@ -9,12 +9,12 @@ import time
 from typing import Any
 
 import jax
-import ml_collections
 from tqdm import tqdm
 
 from transformer_jax.data.batching import Batch, TrainIterator, token_counts
 from transformer_jax.multihost.distributed import sum_over_processes
 from transformer_jax.training.loss import summarize
+from transformer_jax.training.schema import RunConfig
 
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
@@ -160,7 +160,7 @@ def read_metrics(workdir: str) -> list[dict[str, Any]]:
 
 
 def run_info(
-    config: ml_collections.ConfigDict,
+    config: RunConfig,
     vocab_size: int,
     train_iter: TrainIterator,
     matmul_precision: str,

@@ -16,7 +16,6 @@ import os
 from typing import Any
 
 import jax
-import ml_collections
 import numpy as np
 from tqdm import tqdm
 
@@ -38,6 +37,7 @@ from transformer_jax.training.logs import (
 )
 from transformer_jax.training.prefetch import StepBatches
 from transformer_jax.training.run import Run, run_schedule, start_run
+from transformer_jax.training.schema import RunConfig
 from transformer_jax.training.validation import check_host, validate_config
 from transformer_jax.training.workdir import lock_workdir
 
@@ -45,7 +45,7 @@ WINDOW_KEY = "metrics_window"  # in a checkpoint's ``data`` item: the open log w
 
 
 def train_and_evaluate(
-    config: ml_collections.ConfigDict, workdir: str, *, sigterm_after: Handler | None = None
+    config: RunConfig, workdir: str, *, sigterm_after: Handler | None = None
 ) -> dict[str, Any]:
     """Train (or resume) ``config`` in ``workdir``, which no other process may write meanwhile
     (``lock_workdir``). Returns the final evaluation results, or ``{'step': ...,
@@ -58,7 +58,7 @@ def train_and_evaluate(
 
 
 def _train_and_evaluate(
-    config: ml_collections.ConfigDict,
+    config: RunConfig,
     model_config: TransformerConfig,
     workdir: str,
     sigterm_after: Handler | None,

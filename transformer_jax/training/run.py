@@ -12,7 +12,6 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 
 from transformer_jax import data as data_lib
 from transformer_jax.fields import flatten
@@ -27,22 +26,22 @@ from transformer_jax.training.optimizer import (
     with_cooldown,
 )
 from transformer_jax.training.parallel import Parallel
-from transformer_jax.training.schema import RESUMABLE, default_config
+from transformer_jax.training.schema import RESUMABLE, RunConfig
 from transformer_jax.training.steps import TrainState, create_train_state
 from transformer_jax.training.workdir import empty_folders_removed
 
 CONFIG_HISTORY_FILE = "config_history.jsonl"
 
 
-def config_changes(saved: dict[str, Any], config: ml_collections.ConfigDict) -> dict[str, tuple]:
+def config_changes(saved: dict[str, Any], config: RunConfig) -> dict[str, tuple]:
     """``{field: (saved value, new value)}`` of the fields that differ; a field the saved
     config lacks (saved before the field existed) counts as its default."""
-    defaults = flatten(json.loads(default_config().to_json()))
-    old, new = defaults | flatten(saved), flatten(json.loads(config.to_json()))
+    defaults = flatten(RunConfig().to_dict())
+    old, new = defaults | flatten(saved), flatten(config.to_dict())
     return {k: (old[k], new[k]) for k in new if k in old and old[k] != new[k]}
 
 
-def check_resumable(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any] | None:
+def check_resumable(config: RunConfig, workdir: str) -> dict[str, Any] | None:
     """The config saved in ``workdir`` (None if none); ValueError listing the fields that
     differ if ``workdir`` holds checkpoints of a run that ``config`` cannot resume."""
     path = os.path.join(workdir, checkpoints.CONFIG_FILE)
@@ -68,7 +67,7 @@ def check_resumable(config: ml_collections.ConfigDict, workdir: str) -> dict[str
 
 
 def write_config(
-    config: ml_collections.ConfigDict, workdir: str, previous: dict[str, Any] | None, step: int
+    config: RunConfig, workdir: str, previous: dict[str, Any] | None, step: int
 ) -> None:
     """Write ``{workdir}/config.json``; a change to a saved config is appended to
     ``config_history.jsonl`` first (step, time and each field's old and new value)."""
@@ -81,11 +80,11 @@ def write_config(
             f.write(json.dumps(record) + "\n")
     path = os.path.join(workdir, checkpoints.CONFIG_FILE)
     with open(f"{path}.tmp", "w") as f:
-        f.write(config.to_json(indent=2))
+        f.write(config.to_json())
     os.replace(f"{path}.tmp", path)
 
 
-def run_schedule(config: ml_collections.ConfigDict, model_config: TransformerConfig) -> Any:
+def run_schedule(config: RunConfig, model_config: TransformerConfig) -> Any:
     """The learning rate of each update: the paper's warmup schedule for ``config.train``,
     decayed to zero over its last ``train.cooldown_steps``."""
     train = config.train
@@ -95,7 +94,7 @@ def run_schedule(config: ml_collections.ConfigDict, model_config: TransformerCon
     return with_cooldown(paper, train.num_steps, train.cooldown_steps)
 
 
-def new_state(model_config: TransformerConfig, config: ml_collections.ConfigDict) -> TrainState:
+def new_state(model_config: TransformerConfig, config: RunConfig) -> TrainState:
     """Fresh parameters and Adam state for ``config``, traceable (``jax.eval_shape`` gives
     the state's shapes without making it)."""
     model = Transformer(model_config)
@@ -113,7 +112,7 @@ def new_state(model_config: TransformerConfig, config: ml_collections.ConfigDict
     return create_train_state(params, tx, dropout_key)
 
 
-def init_state(model_config: TransformerConfig, config: ml_collections.ConfigDict) -> TrainState:
+def init_state(model_config: TransformerConfig, config: RunConfig) -> TrainState:
     """Fresh parameters and Adam state for ``config`` (host numpy)."""
     return jax.device_get(jax.jit(lambda: new_state(model_config, config))())
 
@@ -123,7 +122,7 @@ class Run:
     """A started run: ``state`` is the host train state at step ``start``; ``data_state``
     the saved position of the training data (None for a new run)."""
 
-    config: ml_collections.ConfigDict
+    config: RunConfig
     workdir: str
     model_config: TransformerConfig
     tokenizer: data_lib.Tokenizer
@@ -137,9 +136,7 @@ class Run:
         return int(self.state.step)
 
 
-def start_run(
-    config: ml_collections.ConfigDict, model_config: TransformerConfig, workdir: str
-) -> Run:
+def start_run(config: RunConfig, model_config: TransformerConfig, workdir: str) -> Run:
     """Restore the newest good checkpoint of ``workdir`` or start anew; ``model_config`` is
     ``validate_config(config)``."""
     os.makedirs(workdir, exist_ok=True)

@@ -11,19 +11,27 @@ from and ``--config.SECTION.FIELD=VALUE`` overrides), the validation, :data:`RES
 ``train --help`` (:func:`help_text`) are read from these declarations. Defaults are the
 paper's base model on WMT14 English->German (§5, §6.1). Importing it imports no JAX: a
 command's ``--help`` and its config's field checks come before the library.
+
+:class:`RunConfig` is the run's config below the command line: the four sections, frozen,
+checked field by field and across fields when made (:meth:`RunConfig.from_config` from a
+config file's ConfigDict or a ``config.json``); ``to_json`` is ``config.json``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+from collections.abc import Mapping
+from typing import Any
 
 import ml_collections
 
 from transformer_jax.data.config import DataConfig
 from transformer_jax.fields import FLAG, TEXT, check_values, specs
+from transformer_jax.ids import PAD_ID, check_vocab_size
 from transformer_jax.inference.config import DecodeConfig
 from transformer_jax.kernels import fast_matmul_precision
-from transformer_jax.model.config import TransformerConfig
+from transformer_jax.model.config import DTYPE, TransformerConfig, dtype_name
 from transformer_jax.training.config import TrainConfig
 
 SECTIONS: dict[str, type] = {
@@ -61,8 +69,9 @@ def default_config() -> ml_collections.ConfigDict:
     )
 
 
-def check_fields(config: ml_collections.ConfigDict) -> None:
-    """ValueError naming the first field that no section declares or whose check refuses it."""
+def check_fields(config: Mapping[str, Any]) -> None:
+    """ValueError naming the first field that no section declares or whose check refuses it
+    (``config``: a config file's ConfigDict or a ``config.json``'s dict)."""
     unknown = sorted(set(config) - set(SECTIONS))
     if unknown:
         raise ValueError(f"unknown config sections {unknown}; the sections: {list(SECTIONS)}")
@@ -73,6 +82,100 @@ def check_fields(config: ml_collections.ConfigDict) -> None:
             names = ", ".join(f"{section}.{name}" for name in unknown)
             raise ValueError(f"unknown config field {names} (train --help lists the fields)")
         check_values(cls, values, f"{section}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """A run's config: its ``model``, ``data``, ``train`` and ``decode`` sections, each field
+    checked by its section's declaration and the sections checked against each other
+    (:func:`check_rules`) when it is made. ``model`` holds the user's values ('auto' choices
+    unresolved: ``resolve_auto`` makes them where the model is built)."""
+
+    model: TransformerConfig = dataclasses.field(default_factory=TransformerConfig)
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    decode: DecodeConfig = dataclasses.field(default_factory=DecodeConfig)
+
+    def __post_init__(self) -> None:
+        for section, cls in SECTIONS.items():
+            value = getattr(self, section)
+            if not isinstance(value, cls):
+                raise TypeError(
+                    f"RunConfig.{section} must be a {cls.__name__}, got {type(value).__name__}"
+                )
+            check_values(cls, vars(value), f"{section}.")
+        check_rules(self)
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> RunConfig:
+        """The run config of ``config`` (a config file's ConfigDict, or the dict of a
+        ``config.json``): a field it lacks takes its default; ValueError naming the first
+        unknown or refused field."""
+        values = config.to_dict() if isinstance(config, ml_collections.ConfigDict) else config
+        check_fields(values)
+        return cls(**{s: c(**(values.get(s) or {})) for s, c in SECTIONS.items()})
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        """``{section: {field: value}}`` in declaration order, as JSON writes them (a dtype by
+        its name, an unset optional field as None)."""
+        return {section: _as_json(getattr(self, section)) for section in SECTIONS}
+
+    def to_json(self, indent: int | None = 2) -> str:
+        """``config.json``'s text."""
+        return json.dumps(self.to_dict(), indent=indent)
+
+    def replace(self, **changes: Any) -> RunConfig:
+        """This config with sections replaced: each change a section's instance or a dict of
+        its fields' new values (checked again)."""
+        unknown = sorted(set(changes) - set(SECTIONS))
+        if unknown:
+            raise ValueError(f"unknown config sections {unknown}; the sections: {list(SECTIONS)}")
+        values = self.to_dict()
+        for section, change in changes.items():
+            values[section] |= _as_json(change) if dataclasses.is_dataclass(change) else change
+        return RunConfig.from_config(values)
+
+
+def _as_json(section: Any) -> dict[str, Any]:
+    """A section's ``{field: value}`` as JSON writes it (a dtype by its name)."""
+    return {
+        name: dtype_name(value) if spec.check is DTYPE else value
+        for name, (_, spec) in specs(type(section)).items()
+        for value in [getattr(section, name)]
+    }
+
+
+def check_rules(config: RunConfig) -> None:
+    """ValueError naming the fields of the first rule across fields that ``config`` breaks
+    (the rules that depend on the host: ``training.validation``)."""
+    model, data, train = config.model, config.data, config.train
+    if train.cooldown_steps > train.num_steps:
+        raise ValueError(
+            f"train.cooldown_steps={train.cooldown_steps} must be at most "
+            f"train.num_steps={train.num_steps}"
+        )
+    if data.source == "text" and not data.text_dir:
+        raise ValueError("data.text_dir must be set for data.source='text'")
+    if data.tokens_per_batch < data.max_len:
+        raise ValueError(
+            f"data.tokens_per_batch={data.tokens_per_batch} must be >= data.max_len={data.max_len}"
+        )
+    check_vocab_size(model.vocab_size)  # the run's tokenizer has at least that many pieces
+    if model.pad_id != PAD_ID:
+        raise ValueError(
+            f"model.pad_id={model.pad_id} must be {PAD_ID}: the tokenizer and the batches "
+            f"pad with id {PAD_ID}"
+        )
+    if model.attention_impl == "cudnn" and data.max_len % 8:
+        raise ValueError(
+            f"data.max_len={data.max_len} must be a multiple of 8 with "
+            "model.attention_impl='cudnn' (cuDNN's sequence lengths; the buckets below it are)"
+        )
+    if data.max_len > model.max_len:
+        raise ValueError(
+            f"data.max_len={data.max_len} must be <= model.max_len={model.max_len} "
+            "(the longest position the model encodes)"
+        )
 
 
 def help_text() -> str:

@@ -1,4 +1,6 @@
-"""Checks of a run config that a user can get wrong, before any data loading or compilation."""
+"""Checks of a run config against this host (its devices, files and platform), before any data
+loading or compilation; the checks of the fields themselves are the config's
+(:class:`transformer_jax.training.schema.RunConfig`)."""
 
 from __future__ import annotations
 
@@ -6,32 +8,23 @@ import os
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
-from transformer_jax.data.tokenizer import PAD_ID, check_vocab_size
-from transformer_jax.model.config import TransformerConfig, from_config_dict
+from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.transformer import parameter_shapes
 from transformer_jax.options import CUDA_PLATFORMS
 from transformer_jax.training.mesh import mesh_shape
-from transformer_jax.training.schema import check_fields, resolve_auto
+from transformer_jax.training.schema import RunConfig, resolve_auto
 
 
-def validate_config(config: ml_collections.ConfigDict) -> TransformerConfig:
-    """Raise ``ValueError`` naming the first bad field (each field's check is its schema's,
-    :mod:`transformer_jax.training.schema`; here the rules across fields); return the model
-    config with its host-dependent 'auto' choices made (``schema.resolve_auto``)."""
-    check_fields(config)
+def validate_config(config: RunConfig) -> TransformerConfig:
+    """Raise ``ValueError`` naming the first field that this host refuses (the fields' own
+    checks and the rules across them ran when ``config`` was made: ``schema.RunConfig``);
+    return the model config with its host-dependent 'auto' choices made
+    (``schema.resolve_auto``)."""
     train, data = config.train, config.data
-    if train.cooldown_steps > train.num_steps:
-        raise ValueError(
-            f"train.cooldown_steps={train.cooldown_steps} must be at most "
-            f"train.num_steps={train.num_steps}"
-        )
     if train.parallel == "mesh":
         mesh_shape(jax.device_count(), train.mesh_model)
-    if data.source == "text" and not data.text_dir:
-        raise ValueError("data.text_dir must be set for data.source='text'")
     if data.source == "text" and not os.path.isdir(data.text_dir):
         raise ValueError(
             f"data.text_dir={data.text_dir!r} is not a directory (Multi30k: python -m "
@@ -39,29 +32,7 @@ def validate_config(config: ml_collections.ConfigDict) -> TransformerConfig:
         )
     if data.data_dir and os.path.exists(data.data_dir) and not os.path.isdir(data.data_dir):
         raise ValueError(f"data.data_dir={data.data_dir!r} is not a directory")
-    if data.tokens_per_batch < data.max_len:
-        raise ValueError(
-            f"data.tokens_per_batch={data.tokens_per_batch} must be >= data.max_len={data.max_len}"
-        )
-
-    model = from_config_dict(config.model)
-    check_vocab_size(model.vocab_size)  # the run's tokenizer has at least that many pieces
-    if model.pad_id != PAD_ID:
-        raise ValueError(
-            f"model.pad_id={model.pad_id} must be {PAD_ID}: the tokenizer and the batches "
-            f"pad with id {PAD_ID}"
-        )
-    if model.attention_impl == "cudnn" and data.max_len % 8:
-        raise ValueError(
-            f"data.max_len={data.max_len} must be a multiple of 8 with "
-            "model.attention_impl='cudnn' (cuDNN's sequence lengths; the buckets below it are)"
-        )
-    if data.max_len > model.max_len:
-        raise ValueError(
-            f"data.max_len={data.max_len} must be <= model.max_len={model.max_len} "
-            "(the longest position the model encodes)"
-        )
-    model = resolve_auto(model)
+    model = resolve_auto(config.model)
     bfloat16_products = model.matmul_precision == "bfloat16" or model.dtype == jnp.bfloat16
     if model.kernel_set == "xla" and bfloat16_products and model.target_platform == "cpu":
         raise ValueError(
