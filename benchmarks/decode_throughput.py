@@ -31,6 +31,7 @@ import functools
 from typing import Any
 
 import _common  # noqa: F401  (puts the repository root on sys.path)
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -95,7 +96,8 @@ def measure(name: str, args: argparse.Namespace) -> tuple[list[dict[str, Any]], 
         4, config.vocab_size, (args.batch, args.src_len), dtype=np.int32
     )
     src = jnp.asarray(src)
-    params = jax.jit(Transformer(config).init)(jax.random.PRNGKey(0), src[:1], src[:1])["params"]
+    init = jax.jit(Transformer(config).init)
+    params = nn.unbox(init(jax.random.PRNGKey(0), src[:1], src[:1])["params"])
     embedding = params["shared_embed"]["embedding"]
     params["shared_embed"]["embedding"] = embedding.at[EOS_ID].set(0.0)  # no early EOS
 

@@ -21,6 +21,7 @@ import tempfile
 from typing import Any
 
 import _common  # noqa: F401  (puts the repository root on sys.path)
+import flax.linen as nn
 import jax
 from _common import describe_machine, machine, table, time_calls, write_json
 from _throughput_settings import SETTINGS
@@ -64,7 +65,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         sizes |= {"num_encoder_layers": 1, "num_decoder_layers": 1}
     config = TransformerConfig(**sizes)
     ids = jax.numpy.ones((1, 8), jax.numpy.int32)
-    params = jax.jit(Transformer(config).init)(jax.random.key(0), ids, ids)["params"]
+    params = nn.unbox(jax.jit(Transformer(config).init)(jax.random.key(0), ids, ids)["params"])
     embedding = params["shared_embed"]["embedding"]
     params["shared_embed"]["embedding"] = embedding.at[EOS_ID].set(0.0)  # no early EOS
     params = jax.device_get(params)

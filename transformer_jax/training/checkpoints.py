@@ -16,6 +16,7 @@ import shutil
 import sys
 from typing import Any
 
+import flax.linen as nn
 import jax
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
@@ -283,7 +284,9 @@ def list_steps(workdir: str, kind: str = CHECKPOINT_DIR) -> list[int]:
 
 def save_params(directory: str, params: Any, step: int) -> None:
     """Write ``params`` alone, with their CRC-32s, as a checkpoint at ``step`` in
-    ``directory`` (``averaged/``, ``snapshots/``)."""
+    ``directory`` (``averaged/``, ``snapshots/``); ``model.init``'s boxed parameters are
+    written as their plain arrays."""
+    params = nn.unbox(params)
     manager = _manager(directory)
     args = ocp.args.Composite(
         params=ocp.args.StandardSave(params),
