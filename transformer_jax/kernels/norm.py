@@ -16,6 +16,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 Array = jax.Array
@@ -39,12 +40,12 @@ def _normalize(x: Array, scale: Array, bias: Array, epsilon: float, dtype: jnp.d
 
 
 def _widen(y: Array, dtype: jnp.dtype) -> Array:
-    """``y.astype(dtype)``; bfloat16 to float32 by its bits, as XLA would otherwise cancel the
-    rounding to bfloat16 with this conversion (``xla_allow_excess_precision``) and recompute
-    ``y`` from ``x``, keeping ``x``."""
+    """``y.astype(dtype)``; bfloat16 to float32 by its bits (the float32's high 16), as XLA
+    would otherwise cancel the rounding to bfloat16 with this conversion
+    (``xla_allow_excess_precision``), recompute ``y`` from ``x`` and keep ``x``."""
     if y.dtype != jnp.bfloat16 or dtype != jnp.float32:
         return y.astype(dtype)
-    bits = lax.bitcast_convert_type(y, jnp.uint16).astype(jnp.uint32) << 16
+    bits = lax.bitcast_convert_type(y, jnp.uint16).astype(jnp.uint32) * np.uint32(1 << 16)
     return lax.bitcast_convert_type(bits, jnp.float32)
 
 
