@@ -65,11 +65,13 @@ def _backward(epsilon, dtype, x_dtype, residuals, dy):
     gamma = scale.astype(compute)
     floor = jnp.where(gamma < 0, -GAMMA_FLOOR, GAMMA_FLOOR)
     divisor = jnp.where(jnp.abs(gamma) < GAMMA_FLOOR, floor, gamma)
-    xhat = (_widen(y, compute) - bias.astype(compute)) / divisor
+    y32, beta = _widen(y, compute), bias.astype(compute)
+    xhat = (y32 - beta) / divisor
     dy = dy.astype(compute)
     rows = tuple(range(dy.ndim - 1))
-    dscale = (dy * xhat).sum(rows).astype(scale.dtype)
-    dbias = dy.sum(rows).astype(bias.dtype)
+    dbias = dy.sum(rows)
+    dscale = ((dy * y32).sum(rows) - beta * dbias) / divisor
+    dscale, dbias = dscale.astype(scale.dtype), dbias.astype(bias.dtype)
     dxhat = dy * gamma
     dx = inverse_sigma * (
         dxhat - dxhat.mean(-1, keepdims=True) - xhat * (dxhat * xhat).mean(-1, keepdims=True)
