@@ -70,6 +70,7 @@ def _backward(epsilon, dtype, x_dtype, residuals, dy):
     dy = dy.astype(compute)
     rows = tuple(range(dy.ndim - 1))
     dbias = dy.sum(rows)
+    # sum(dy xhat) from y: XLA then keeps no float32 xhat between this sum and dx's fusion
     dscale = ((dy * y32).sum(rows) - beta * dbias) / divisor
     dscale, dbias = dscale.astype(scale.dtype), dbias.astype(bias.dtype)
     dxhat = dy * gamma
