@@ -9,8 +9,8 @@ TF32 products.
 
 Batch: ``data.tokens_per_batch=25000`` source (and as many target) tokens per step over
 all devices, the paper's (§5.1): on 8 GPUs, 3,125 per GPU. Memory allows more: in
-bfloat16 + cuDNN, 8 x 25,000 (``--config.data.tokens_per_batch=200000``) needs 7.6 GiB
-per H100 80GB, and one H100 holds steps of up to ~199,000 (``python -m
+bfloat16 + cuDNN, 8 x 25,000 (``--config.data.tokens_per_batch=200000``) needs 6.7 GiB
+per H100 80GB, and one H100 holds steps of up to ~234,000 (``python -m
 transformer_jax.plan``, README "GPUs": a deviceless compile, not a measurement).
 """
 

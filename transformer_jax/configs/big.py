@@ -4,8 +4,8 @@ The arithmetic on GPU, and the usual fast GPU run, are ``base``'s (its docstring
 
 Batch: ``data.tokens_per_batch=25000`` per step over all devices, as ``base``: on 8 GPUs,
 3,125 per GPU. In bfloat16 + cuDNN, 8 x 25,000 (``--config.data.tokens_per_batch=200000``)
-needs 14.8 GiB per H100 80GB with pmap (13.0 GiB with its mesh), and one H100 holds steps
-of up to ~110,000 (``python -m transformer_jax.plan``, README "GPUs": a deviceless compile,
+needs 11.9 GiB per H100 80GB with pmap (10.9 GiB with its mesh), and one H100 holds steps
+of up to ~147,000 (``python -m transformer_jax.plan``, README "GPUs": a deviceless compile,
 not a measurement).
 """
 

@@ -5,10 +5,12 @@ when first named here: the host's settings below import no JAX):
 
 - ``xla``: plain ``jnp.einsum`` / ``lax.dot_general`` at the configured precision,
   ``jax.random.bits`` for dropout (its mask kept as bits for the backward pass,
-  :mod:`.dropout`), autodiff elsewhere. What every platform but the CPU runs.
+  :mod:`.dropout`), LayerNorm whose gradient keeps its output, not its input
+  (:mod:`.norm`), autodiff elsewhere. What every platform but the CPU runs.
 - ``cpu``: the same products shaped for XLA:CPU (operand layouts for its bfloat16 kernels,
   flattened dense layers, a blocked transpose and an ordered derivative for the tied
-  logits: :mod:`.matmul`) and dropout bits as fused elementwise code (:mod:`.dropout`).
+  logits: :mod:`.matmul`), dropout bits as fused elementwise code (:mod:`.dropout`) and
+  flax's ``nn.LayerNorm``.
 
 ``TransformerConfig.kernels = 'auto'`` takes ``cpu`` when the *target* platform
 (``TransformerConfig.platform``) is the CPU, ``xla`` otherwise

@@ -35,8 +35,31 @@ from transformer_jax.model.registry import ship
 Array = jax.Array
 
 
-def layer_norm(config: TransformerConfig, name: str | None = None) -> nn.LayerNorm:
-    """LayerNorm with float32 statistics whatever the compute dtype."""
+class LayerNorm(nn.Module):
+    """``nn.LayerNorm`` over the last axis (the same parameters, ``scale`` and ``bias``) from
+    the kernel set's ``layer_norm`` (:mod:`transformer_jax.kernels.norm`)."""
+
+    config: TransformerConfig
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        cfg = self.config
+        features = (x.shape[-1],)
+        scale = self.param(
+            "scale", logical(nn.initializers.ones, ("embed",)), features, cfg.param_dtype
+        )
+        bias = self.param(
+            "bias", logical(nn.initializers.zeros, ("embed",)), features, cfg.param_dtype
+        )
+        norm = kernels.ops(cfg.kernel_set).layer_norm
+        return norm(x, scale, bias, cfg.layer_norm_eps, cfg.dtype)
+
+
+def layer_norm(config: TransformerConfig, name: str | None = None) -> nn.Module:
+    """LayerNorm with float32 statistics whatever the compute dtype: the kernel set's, else
+    flax's ``nn.LayerNorm``."""
+    if kernels.ops(config.kernel_set).layer_norm is not None:
+        return LayerNorm(config, name=name)
     return nn.LayerNorm(
         epsilon=config.layer_norm_eps,
         dtype=config.dtype,
