@@ -93,7 +93,7 @@ def logits_and_grads(config, params):
         ({}, 1e-5),
         ({"scan_layers": True, "norm": "pre"}, 1e-5),
         ({"matmul_precision": "bfloat16"}, 2e-3),
-        ({"dtype": jnp.bfloat16}, 2e-2),
+        ({"dtype": jnp.bfloat16}, 5e-2),  # xla: LayerNorm's xhat from its bfloat16 output
     ],
     ids=["float32", "float32-scan-preln", "bfloat16-products", "bfloat16-compute"],
 )
@@ -102,7 +102,8 @@ def test_xla_and_cpu_kernels_give_the_same_logits_and_gradients(
 ):
     """With dropout on (both sets draw the same bits): same logits, same gradient of the
     label-smoothed loss, to float32 rounding (1e-5 of the largest entry) or to the
-    products' bfloat16 rounding."""
+    products' bfloat16 rounding (with bfloat16 activations, the xla set's LayerNorm
+    gradient reads its bfloat16 output, ``kernels.norm``)."""
     xla, cpu = (CFG.replace(kernels=k, **changes) for k in ("xla", "cpu"))
     params = nn.unbox(Transformer(xla).init(jax.random.PRNGKey(0), SRC, TGT[:, :-1])["params"])
     (lx, gx), (lc, gc) = logits_and_grads(xla, params), logits_and_grads(cpu, params)
