@@ -4,7 +4,7 @@
 the last stdout line is ``ROW {json}``. ``--probe``: ``PROBE {json}`` with the backend,
 the devices and the installed versions, before any row starts.
 
-A row builds the run's parallel object as ``train.py`` does (``training.mesh.make_parallel``
+A row builds the run's parallel object as ``train.py`` does (``training.mesh.run_parallel``
 with the config's ``train.parallel``, loss settings and mesh, over all devices), places a
 fresh train state and a batch of random tokens of ``data.tokens_per_batch`` at the longest
 bucket (``data.max_len``) with ``put_batch``, and times ``train_step`` (two warm-up steps,
@@ -43,7 +43,7 @@ from transformer_jax.ids import EOS_ID
 from transformer_jax.inference.translation import decode_batch
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.transformer import Transformer
-from transformer_jax.training.mesh import make_parallel
+from transformer_jax.training.mesh import run_parallel
 from transformer_jax.training.run import init_state
 from transformer_jax.training.schema import RunConfig
 from transformer_jax.training.validation import validate_config
@@ -78,14 +78,7 @@ def train(
     config: RunConfig, model: TransformerConfig, steps: int
 ) -> tuple[dict[str, Any], Any, Any]:
     """Time the run's train step; the row's figures, the parallel object and the state."""
-    dp = make_parallel(
-        config.train.parallel,
-        Transformer(model),
-        config.train.label_smoothing,
-        label_smoothing_convention=config.train.label_smoothing_convention,
-        mesh_model=config.train.mesh_model,
-        logical_axis_rules=config.train.logical_axis_rules,
-    )
+    dp = run_parallel(config.train, Transformer(model))
     length = config.data.max_len
     rows = batch_rows(config.data.tokens_per_batch, length, jax.device_count())
     rng = np.random.default_rng(0)

@@ -21,7 +21,7 @@ from transformer_jax.model.transformer import Transformer
 from transformer_jax.training.checkpoints import load_config, load_run
 from transformer_jax.training.evaluator import evaluate_loss
 from transformer_jax.training.logs import read_metrics, read_run_info
-from transformer_jax.training.mesh import make_parallel
+from transformer_jax.training.mesh import run_parallel
 from transformer_jax.training.schema import RunConfig, resolve_auto
 
 
@@ -87,9 +87,7 @@ def dev_metrics(
     """Loss (label-smoothed), perplexity and accuracy of ``params`` on every pair of the
     run's dev split (``config.data.eval_split``), measured as ``train.py`` measures them."""
 
-    dp = make_parallel(
-        config.train.parallel, Transformer(model_config), config.train.label_smoothing
-    )
+    dp = run_parallel(config.train, Transformer(model_config))
     batches, _ = eval_split_batches(config.data, workdir, tokenizer, dp.num_devices)
     return evaluate_loss(dp, dp.replicate(params), batches)
 

@@ -2,7 +2,7 @@
 
 ``jax.experimental.topologies`` with a GPU's target config (:mod:`.gpus`) gives
 compile-only devices; the training step of ``train.parallel``'s strategy
-(``training.mesh.make_parallel``'s :class:`~transformer_jax.training.parallel.Parallel`:
+(``training.mesh.run_parallel``'s :class:`~transformer_jax.training.parallel.Parallel`:
 its ``step_program``, the program ``train.py`` runs over the devices for the run's batch
 shapes) and
 the beam search of ``translate`` / ``evaluate`` compile for them from abstract arguments.
@@ -30,7 +30,7 @@ from transformer_jax.aot.xla_log import captured_stderr, read_xla_log
 from transformer_jax.inference.decoding import beam_search
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.transformer import Transformer
-from transformer_jax.training.mesh import make_parallel
+from transformer_jax.training.mesh import run_parallel
 from transformer_jax.training.parallel import Parallel, spec
 from transformer_jax.training.run import new_state
 from transformer_jax.training.schema import RunConfig
@@ -166,15 +166,7 @@ def abstract_state(model: TransformerConfig, config: RunConfig) -> Any:
 
 def parallel_on(model: TransformerConfig, config: RunConfig, devices: list[Any]) -> Parallel:
     """``train.parallel``'s strategy on ``devices``, as ``train.py`` makes it."""
-    return make_parallel(
-        config.train.parallel,
-        Transformer(model),
-        config.train.label_smoothing,
-        label_smoothing_convention=config.train.label_smoothing_convention,
-        mesh_model=config.train.mesh_model,
-        logical_axis_rules=config.train.logical_axis_rules,
-        devices=devices,
-    )
+    return run_parallel(config.train, Transformer(model), devices)
 
 
 def train_program(

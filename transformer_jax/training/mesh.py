@@ -28,7 +28,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from transformer_jax.training import steps
-from transformer_jax.training.config import DEFAULT_RULES, MESH_AXES, parse_rules
+from transformer_jax.training.config import DEFAULT_RULES, MESH_AXES, TrainConfig, parse_rules
 from transformer_jax.training.parallel import (
     BATCH_KEYS,
     Parallel,
@@ -240,3 +240,19 @@ def make_parallel(
         )
     strategy = STRATEGIES[kind]
     return strategy(model, label_smoothing, devices, label_smoothing_convention)
+
+
+def run_parallel(
+    train: TrainConfig, model: nn.Module, devices: list[jax.Device] | None = None
+) -> Parallel:
+    """The strategy a run's ``train`` section names, with its loss and mesh settings, as
+    ``train.py`` makes it (:func:`make_parallel`)."""
+    return make_parallel(
+        train.parallel,
+        model,
+        train.label_smoothing,
+        label_smoothing_convention=train.label_smoothing_convention,
+        mesh_model=train.mesh_model,
+        logical_axis_rules=train.logical_axis_rules,
+        devices=devices,
+    )

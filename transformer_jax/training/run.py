@@ -19,7 +19,7 @@ from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.multihost.distributed import from_process_zero
 from transformer_jax.training import checkpoints
-from transformer_jax.training.mesh import make_parallel
+from transformer_jax.training.mesh import run_parallel
 from transformer_jax.training.optimizer import (
     transformer_optimizer,
     transformer_schedule,
@@ -164,14 +164,7 @@ def start_run(config: RunConfig, model_config: TransformerConfig, workdir: str) 
                 f"{tokenizer.vocab_size} pieces in {workdir}/tokenizer.model"
             )
         from_process_zero(prepare)  # the others then map the files process 0 wrote
-    dp = make_parallel(
-        config.train.parallel,
-        Transformer(model_config),
-        config.train.label_smoothing,
-        label_smoothing_convention=config.train.label_smoothing_convention,
-        mesh_model=config.train.mesh_model,
-        logical_axis_rules=config.train.logical_axis_rules,
-    )
+    dp = run_parallel(config.train, Transformer(model_config))
     state = init_state(model_config, config)
     checkpointer = checkpoints.Checkpointer(workdir, config.train.keep_checkpoints)
     restored = checkpointer.restore_state(state)
